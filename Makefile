@@ -1,0 +1,56 @@
+# storage-events: `make run` (local default) and `make test` (the whole suite) are the two
+# commands a newcomer needs; everything else here is what they are built of.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+INSTANCE ?= default
+PYTEST_ARGS ?=
+
+.PHONY: install kafka kafka-stop kafka-fetch run test test-fast tail lint format bench clean
+
+install: $(STAMP)
+
+# Re-installs only when pyproject.toml changed: a second `make install` does nothing slow.
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+kafka:
+	@$(PYTHON) dev/kafka/localkafka.py start
+
+kafka-stop:
+	@$(PYTHON) dev/kafka/localkafka.py stop
+
+kafka-fetch:
+	@$(PYTHON) dev/kafka/localkafka.py fetch >/dev/null
+
+run: install
+	@$(BIN)/python dev/run.py
+
+# The whole suite, slow tests included (CI runs exactly this).
+test: install kafka-fetch
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Everything but the slow chaos and load tests.
+test-fast: install kafka-fetch
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+tail: install
+	@$(BIN)/python -m streams tail --instance $(INSTANCE)
+
+lint: install
+	$(BIN)/ruff check streams connectors tests dev
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff format streams connectors tests dev
+
+bench: install kafka-fetch
+	$(BIN)/python -m benchmarks.normalizers
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis var

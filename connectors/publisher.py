@@ -1,0 +1,94 @@
+"""Publish raw deliveries to Kafka and say, truthfully, whether Kafka holds them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+log = logging.getLogger(__name__)
+
+# Never forwarded as `header.*`: they carry the credentials that admitted the delivery.
+SECRET_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization", "x-api-key"})
+
+
+class PublishFailed(Exception):
+    """Kafka did not acknowledge the write in time; the provider must deliver again."""
+
+
+def raw_headers(
+    source: str,
+    transport: str,
+    http_headers: Mapping[str, str] | None = None,
+    attributes: Mapping[str, str] | None = None,
+    delivery_id: str | None = None,
+) -> list[tuple[str, bytes]]:
+    """The raw-topic headers for one delivery (contract in streams.records)."""
+    headers = [
+        ("source", source.encode()),
+        ("transport", transport.encode()),
+        ("delivery-id", (delivery_id or uuid.uuid4().hex).encode()),
+        ("received-at", f"{time.time():.6f}".encode()),
+    ]
+    for name, value in (http_headers or {}).items():
+        if name.lower() not in SECRET_HEADERS:
+            headers.append((f"header.{name.lower()}", value.encode("utf-8", errors="replace")))
+    for name, value in (attributes or {}).items():
+        headers.append((f"attribute.{name}", value.encode("utf-8", errors="replace")))
+    return headers
+
+
+class RawPublisher:
+    """An idempotent producer (acks=all) whose `publish` returns only once Kafka has the record."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, timeout_s: float) -> None:
+        self.topic = topic
+        self.timeout_s = timeout_s
+        self.bootstrap_servers = bootstrap_servers
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        """Connect, retrying while Kafka is unreachable."""
+        delay = 0.5
+        while True:
+            # aiokafka binds a producer to the running loop: make it here, not in __init__.
+            self._producer = AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap_servers,
+                client_id="storage-events-bridge",
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=2,
+                request_timeout_ms=int(self.timeout_s * 1000),
+            )
+            try:
+                await self._producer.start()
+                return
+            except KafkaError as exc:
+                log.warning("bridge cannot reach Kafka (%r); retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+
+    async def publish(
+        self, value: bytes, headers: list[tuple[str, bytes]], key: bytes | None = None
+    ) -> None:
+        """Write one record; raise PublishFailed unless Kafka acknowledged it in time."""
+        if self._producer is None:
+            raise PublishFailed("the publisher is not started")
+        try:
+            future = await asyncio.wait_for(
+                self._producer.send(self.topic, value, key=key, headers=headers), self.timeout_s
+            )
+            # shield: a timed-out answer must not cancel the write itself; if it lands later,
+            # the provider's retry becomes a duplicate the stream drops by id.
+            await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+        except (KafkaError, TimeoutError) as exc:
+            raise PublishFailed(f"Kafka did not acknowledge the write: {exc!r}") from exc

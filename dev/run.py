@@ -1,0 +1,161 @@
+"""`make run`: the local default, end to end, in one terminal; Ctrl-C stops what it started.
+
+1. a local Apache Kafka broker (dev/kafka/localkafka.py), unless KAFKA_BOOTSTRAP_SERVERS is set;
+2. the stream's topics;
+3. the worker, `faust -A streams worker`;
+4. the webhook bridge, `python -m connectors webhook`, with the `s3` route open without
+   authentication (local development only; it says so in its log).
+
+Logs of the worker and the bridge go to ~/.cache/storage-events/run/.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+RUN_DIR = Path.home() / ".cache" / "storage-events" / "run"
+LOCAL_KAFKA = ROOT / "dev" / "kafka" / "localkafka.py"
+WEBHOOK_PORT = os.environ.get("WEBHOOK_PORT", "8080")
+WORKER_WEB_PORT = os.environ.get("STREAMS_WEB_PORT", "6066")
+
+
+def say(message: str) -> None:
+    print(f"[make run] {message}", flush=True)
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def wait_until(
+    url: str, process: subprocess.Popen[bytes], what: str, log: Path, timeout_s: float = 120.0
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not answers(url):
+        if process.poll() is not None:
+            raise SystemExit(f"[make run] {what} exited with {process.returncode}; see {log}")
+        if time.monotonic() > deadline:
+            raise SystemExit(f"[make run] {what} not ready after {timeout_s:.0f} s; see {log}")
+        time.sleep(0.3)
+
+
+def spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        # Own session: Ctrl-C reaches only this script, which then stops each child in order.
+        return subprocess.Popen(
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def stop(process: subprocess.Popen[bytes] | None, what: str) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    say(f"stopped the {what}")
+
+
+def main() -> int:
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    started_broker = False
+    worker = bridge = None
+    interrupted = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        if not env.get("KAFKA_BOOTSTRAP_SERVERS"):
+            status = subprocess.run(
+                [sys.executable, str(LOCAL_KAFKA), "status"], capture_output=True, check=False
+            )
+            started = subprocess.run(
+                [sys.executable, str(LOCAL_KAFKA), "start"],
+                stdout=subprocess.PIPE,
+                text=True,
+                check=False,
+            )
+            if started.returncode != 0:
+                return started.returncode
+            started_broker = status.returncode != 0
+            env["KAFKA_BOOTSTRAP_SERVERS"] = started.stdout.strip().splitlines()[-1]
+        bootstrap = env["KAFKA_BOOTSTRAP_SERVERS"]
+        say(f"Kafka at {bootstrap}")
+        subprocess.run(
+            [str(BIN / "python"), "-m", "streams", "create-topics"], env=env, check=True, cwd=ROOT
+        )
+        env.setdefault("STREAMS_DATA_DIR", str(RUN_DIR / "worker-state"))
+        env.setdefault("STREAMS_WEB_PORT", WORKER_WEB_PORT)
+        env.setdefault("WEBHOOK_PORT", WEBHOOK_PORT)
+        env.setdefault("WEBHOOK_INSECURE_SOURCES", "s3")
+        worker_log, bridge_log = RUN_DIR / "worker.log", RUN_DIR / "webhook.log"
+        worker = spawn(
+            [str(BIN / "faust"), "-A", "streams", "worker", "-l", "info"], env, worker_log
+        )
+        bridge = spawn([str(BIN / "python"), "-m", "connectors", "webhook"], env, bridge_log)
+        wait_until(
+            f"http://127.0.0.1:{env['STREAMS_WEB_PORT']}/ready", worker, "worker", worker_log
+        )
+        wait_until(
+            f"http://127.0.0.1:{env['WEBHOOK_PORT']}/healthz", bridge, "webhook bridge", bridge_log
+        )
+        say(
+            f"worker ready (log {worker_log}, metrics "
+            f"http://127.0.0.1:{env['STREAMS_WEB_PORT']}/metrics)"
+        )
+        say(f"webhook bridge ready on http://127.0.0.1:{env['WEBHOOK_PORT']} (log {bridge_log})")
+        print(
+            f"""
+Send a test S3 notification (key "photos/red+flower.jpg", form-encoded):
+
+    curl -X POST --data-binary @examples/s3-put.json http://127.0.0.1:{env["WEBHOOK_PORT"]}/hooks/s3
+
+Watch the canonical events of the default instance, in another terminal:
+
+    make tail
+
+Ctrl-C here stops the bridge, the worker{" and the broker" if started_broker else ""}.
+""",
+            flush=True,
+        )
+        while True:
+            for process, what, log in (
+                (worker, "worker", worker_log),
+                (bridge, "webhook bridge", bridge_log),
+            ):
+                if process.poll() is not None:
+                    say(f"the {what} exited with {process.returncode}; see {log}")
+                    return 1
+            time.sleep(1)
+    except KeyboardInterrupt:
+        interrupted = True
+        return 0
+    finally:
+        if interrupted:
+            print()
+        stop(bridge, "webhook bridge")
+        stop(worker, "worker")
+        if started_broker:
+            subprocess.run([sys.executable, str(LOCAL_KAFKA), "stop"], check=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

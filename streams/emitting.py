@@ -1,0 +1,153 @@
+"""Stage two, pure: keyed events become output, stale or nothing (duplicates), per batch.
+
+Runs on the repartition topic, so every copy of one change and every change of one key is in
+one partition and handled in order. For each event, in order:
+
+1. Dedupe on (instance, event.id): an id seen less than the instance's TTL ago is a
+   duplicate. The expiry is written once, when the id is first handled, and never extended,
+   so neither a redelivery nor a state restore gives an id a fresh lease.
+2. Order per (instance, key): an event older than the last one emitted for its key goes to
+   the stale topic with the reason (see streams.ordering); a `deleted` that removed only a
+   noncurrent version is emitted but does not move the key's mark, since the key lives on.
+3. Otherwise it is emitted.
+
+The plan holds the records to send and the state to record once Kafka acknowledged them:
+a batch that fails to send records nothing, so its redelivery runs again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from streams.config import Settings
+from streams.event import FileEvent
+from streams.ordering import Mark, mark_for, staleness
+from streams.records import (
+    OutRecord,
+    RawRecord,
+    dead_letter_record,
+    output_record,
+    parse_keyed_value,
+    stale_record,
+)
+
+SEEN = "seen"
+MARKS = "marks"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedInput:
+    """One record read from the repartition topic."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes
+    headers: Mapping[str, bytes] = field(default_factory=dict)
+
+
+class StateReader(Protocol):
+    """Read access to the co-partitioned state tables."""
+
+    def get(self, table: str, partition: int, key: bytes) -> bytes | None: ...
+
+
+@dataclass(slots=True)
+class EmitPlan:
+    outputs: list[OutRecord] = field(default_factory=list)
+    writes: dict[tuple[str, int], dict[bytes, bytes]] = field(default_factory=dict)
+    """(table, partition) -> key -> value, to record after the outputs are acknowledged."""
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(instance, emitted|duplicate|stale|dead_letter) -> count"""
+    received_at: list[tuple[str, bytes]] = field(default_factory=list)
+    """(instance, received-at header) of every emitted event, for latency metrics."""
+
+    def write(self, table: str, partition: int, key: bytes, value: bytes) -> None:
+        self.writes.setdefault((table, partition), {})[key] = value
+
+
+def seen_key(instance: str, event_id: str) -> bytes:
+    return f"{instance}/{event_id}".encode()
+
+
+def mark_key(instance: str, key: str) -> bytes:
+    return f"{instance}/{key}".encode()
+
+
+def encode_expiry(expires_at: float) -> bytes:
+    return f"{expires_at:.3f}".encode()
+
+
+def decode_expiry(value: bytes | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def plan_batch(
+    inputs: Sequence[KeyedInput], settings: Settings, state: StateReader, now: float
+) -> EmitPlan:
+    """Decide every event of a batch; `now` (epoch seconds) only ages dedupe entries."""
+    plan = EmitPlan()
+    pending: dict[tuple[str, int, bytes], bytes] = {}
+    instances = {instance.name: instance for instance in settings.instances}
+
+    def lookup(table: str, partition: int, key: bytes) -> bytes | None:
+        found = pending.get((table, partition, key))
+        return found if found is not None else state.get(table, partition, key)
+
+    def record(table: str, partition: int, key: bytes, value: bytes) -> None:
+        pending[(table, partition, key)] = value
+        plan.write(table, partition, key, value)
+
+    for item in inputs:
+        try:
+            instance_name, event = parse_keyed_value(item.value)
+            instance = instances[instance_name]
+        except (ValueError, KeyError) as exc:
+            reason = f"unreadable keyed record: {exc}"
+            if isinstance(exc, KeyError):
+                reason = f"instance {exc} is no longer configured"
+            raw = RawRecord(item.topic, item.value, item.headers)
+            plan.outputs.append(
+                dead_letter_record(settings.stream.dead_letter_topic, raw, item.key, reason, "emit")
+            )
+            plan.outcomes[("?", "dead_letter")] += 1
+            continue
+
+        id_key = seen_key(instance.name, event.id)
+        expires_at = decode_expiry(lookup(SEEN, item.partition, id_key))
+        if expires_at is not None and expires_at > now:
+            plan.outcomes[(instance.name, "duplicate")] += 1
+            continue
+        record(SEEN, item.partition, id_key, encode_expiry(now + instance.dedupe_ttl))
+
+        key_key = mark_key(instance.name, event.key)
+        stored = lookup(MARKS, item.partition, key_key)
+        last = Mark.from_json(json.loads(stored)) if stored is not None else None
+        stale_reason = staleness(event, last)
+        if stale_reason is not None:
+            plan.outputs.append(
+                stale_record(instance.stale_output_topic, instance.name, event, stale_reason)
+            )
+            plan.outcomes[(instance.name, "stale")] += 1
+            continue
+        if not _version_only(event):
+            record(MARKS, item.partition, key_key, json.dumps(mark_for(event).to_json()).encode())
+        plan.outputs.append(output_record(instance.output_topic, instance.name, event))
+        plan.outcomes[(instance.name, "emitted")] += 1
+        received_at = item.headers.get("received-at")
+        if received_at:
+            plan.received_at.append((instance.name, received_at))
+    return plan
+
+
+def _version_only(event: FileEvent) -> bool:
+    return event.type == "deleted" and event.version_only is True

@@ -1,0 +1,242 @@
+"""Cloudinary webhook notifications -> canonical file events.
+
+Format: https://cloudinary.com/documentation/notifications (`notification_type`, upload and
+delete payloads); real captures in `jackdbd/webhooks` `assets/webhook-events/cloudinary/`
+(2022-2023); the rename fields (`from_public_id`, `to_public_id`) from the same page and the
+third-party AsyncAPI description `api-evangelist/cloudinary`. Signatures (`x-cld-signature`,
+`x-cld-timestamp`) are checked by the HTTP bridge, not here.
+
+Kinds (`notification_type`):
+* `upload` -> `created` (a new asset, or a new version when it overwrites a public id).
+* `delete` -> one `deleted` per `resources[]` entry, in order, version_only False (the asset
+  is gone; Cloudinary has no noncurrent versions to fall back on).
+* `rename` (PROVIDERS §11 #11) -> `deleted` (from) + `created` (to), ids `f"{id}:deleted"` /
+  `f"{id}:created"`: under a key built from the public id the old key really goes away. The
+  payload has no size or etag, so the `created` half carries None for both.
+* Dropped on purpose, as they change no asset content under its key: `eager`, `moderation`,
+  `resource_tags_changed`, `resource_context_changed`, `resource_metadata_changed`,
+  `resource_display_name_changed`, `access_control_changed`, `related_assets`, `move` (in
+  dynamic-folder accounts it changes `asset_folder`, not the public id), `create_folder`,
+  `delete_folder`, `move_or_rename_asset_folder`, `multi`, `explode`, `proof_status_changed`,
+  and any other type.
+
+Key: `{resource_type}/{type}/{public_id}`, public id verbatim (it may contain `/` folders,
+spaces, `+`, `%`; image and video ids have no extension). An asset is identified by all three
+(an image and a video may share a public id), this is the path the Admin API takes
+(`/resources/{resource_type}/{type}/{public_id}`) and the tail of the delivery URL, and an
+instance prefix such as `image/upload/` then keeps exactly one resource and delivery type.
+Splitting the key at its first two `/` gives the three parts back. Bucket: None (the cloud
+name is only inside `url`).
+
+Id: `request_id`, exactly, on upload (and rename). Deletes carry none (§11 #10; neither real
+capture has one, and where a bulk delete had one it would name the whole request, not each
+deletion): `derived_id("cloudinary", "delete", None, key, version)` per resource, `version`
+being the deleted version's timestamp, so a redelivery repeats the id and a later delete of a
+re-uploaded asset does not. Fallbacks: `derived_id(..., None, time, etag)`, then
+`record_hash_id` of the record.
+
+Fields: size = `bytes`; etag = `etag` (one pair of quotes stripped if present); version_id =
+`version` as a string, the field both upload and delete carry (`version_id` stays in raw).
+time (§11 #12) = `notification_context.triggered_at` (when the action happened, microseconds;
+present on deletes too), else `timestamp` (when the notification was made), else None;
+`created_at` is not used: it is the asset's first creation, not this event. sequencer None.
+raw = the notification for upload and rename, the `resources[]` entry for a delete.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from streams.delivery import Delivery
+from streams.event import FileEvent, format_time
+from streams.normalizers.base import (
+    MalformedDelivery,
+    derived_id,
+    load_json,
+    optional_int,
+    optional_str,
+    parse_time,
+    record_hash_id,
+    require_dict,
+    require_str,
+)
+
+SOURCE = "cloudinary"
+
+
+def normalize(delivery: Delivery) -> list[FileEvent]:
+    notification = require_dict(_load_body(delivery.body), "body")
+    kind = require_str(notification.get("notification_type"), "notification_type")
+    if kind == "upload":
+        return [_upload(notification)]
+    if kind == "delete":
+        return _deletes(notification)
+    if kind == "rename":
+        return _rename(notification)
+    return []  # no content change under a key (see the module docstring)
+
+
+def _upload(notification: dict[str, Any]) -> FileEvent:
+    key = _key(notification, "public_id", "")
+    version = _version(notification.get("version"), "version")
+    etag = _unquote(optional_str(notification.get("etag"), "etag"))
+    time = _event_time(notification)
+    event_id = optional_str(notification.get("request_id"), "request_id") or _derived_id(
+        "upload", key, version, time, etag, notification
+    )
+    return FileEvent(
+        id=event_id,
+        type="created",
+        key=key,
+        size=optional_int(notification.get("bytes"), "bytes"),
+        etag=etag,
+        version_id=version,
+        time=time,
+        provider=SOURCE,
+        raw=notification,
+    )
+
+
+def _deletes(notification: dict[str, Any]) -> list[FileEvent]:
+    resources = notification.get("resources")
+    if not isinstance(resources, list):
+        raise MalformedDelivery("resources is missing or not a list")
+    time = _event_time(notification)
+    events = []
+    for index, item in enumerate(resources):
+        where = f"resources[{index}]"
+        resource = require_dict(item, where)
+        key = _key(resource, "public_id", f"{where}.")
+        version = _version(resource.get("version"), f"{where}.version")
+        events.append(
+            FileEvent(
+                id=_derived_id("delete", key, version, time, None, resource),
+                type="deleted",
+                key=key,
+                version_id=version,
+                time=time,
+                provider=SOURCE,
+                version_only=False,
+                raw=resource,
+            )
+        )
+    return events
+
+
+def _rename(notification: dict[str, Any]) -> list[FileEvent]:
+    old_key = _key(notification, "from_public_id", "")
+    new_key = _key(notification, "to_public_id", "")
+    if old_key == new_key:
+        return []  # nothing moved
+    version = _version(notification.get("version"), "version")
+    time = _event_time(notification)
+    stamp = format_time(time) if time is not None else None
+    base = optional_str(notification.get("request_id"), "request_id") or derived_id(
+        SOURCE, "rename", None, new_key, old_key, stamp
+    )
+    return [
+        FileEvent(
+            id=f"{base}:deleted",
+            type="deleted",
+            key=old_key,
+            time=time,
+            provider=SOURCE,
+            version_only=False,
+            raw=notification,
+        ),
+        FileEvent(
+            id=f"{base}:created",
+            type="created",
+            key=new_key,
+            version_id=version,
+            time=time,
+            provider=SOURCE,
+            raw=notification,
+        ),
+    ]
+
+
+def _key(record: dict[str, Any], id_field: str, where: str) -> str:
+    """`{resource_type}/{type}/{public id}`: the asset's full identity, as the Admin API path."""
+    resource_type = require_str(record.get("resource_type"), f"{where}resource_type")
+    delivery_type = require_str(record.get("type"), f"{where}type")
+    public_id = require_str(record.get(id_field), f"{where}{id_field}")
+    if "/" in resource_type or "/" in delivery_type:
+        # Either would make the key ambiguous to split; Cloudinary's values are plain words.
+        raise MalformedDelivery(
+            f"{where}resource_type {resource_type!r} or type {delivery_type!r} contains '/'"
+        )
+    return f"{resource_type}/{delivery_type}/{public_id}"
+
+
+def _version(value: Any, what: str) -> str | None:
+    """The version timestamp (an integer) as a string; None when absent."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str):
+        return value
+    raise MalformedDelivery(f"{what} is not an integer: {value!r}")
+
+
+def _event_time(notification: dict[str, Any]) -> datetime | None:
+    context = notification.get("notification_context")
+    if context is None:
+        context = {}  # absent in 2021-era notifications
+    context = require_dict(context, "notification_context")
+    triggered = _time(context.get("triggered_at"), "notification_context.triggered_at")
+    if triggered is not None:
+        return triggered
+    return _time(notification.get("timestamp"), "timestamp")
+
+
+def _derived_id(
+    kind: str,
+    key: str,
+    version: str | None,
+    time: datetime | None,
+    etag: str | None,
+    record: dict[str, Any],
+) -> str:
+    if version is not None:
+        return derived_id(SOURCE, kind, None, key, version)
+    if time is not None or etag is not None:
+        stamp = format_time(time) if time is not None else None
+        return derived_id(SOURCE, kind, None, key, None, stamp, etag)
+    return record_hash_id(SOURCE, record)
+
+
+def _unquote(etag: str | None) -> str | None:
+    if etag is not None and len(etag) >= 2 and etag[0] == etag[-1] == '"':
+        return etag[1:-1]
+    return etag or None
+
+
+def _time(value: Any, what: str) -> datetime | None:
+    try:
+        return parse_time(value, what)
+    except OverflowError:  # a valid-looking time whose UTC form leaves datetime's range
+        raise MalformedDelivery(f"{what} is out of range: {value!r}") from None
+
+
+def _load_body(body: Any) -> Any:
+    """JSON from the body; every failure, including ones load_json lets through, is malformed."""
+    if not isinstance(body, bytes | str):
+        raise MalformedDelivery(f"body is {type(body).__name__}, not bytes")
+    try:
+        document = load_json(body)
+    except MalformedDelivery:
+        raise
+    except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit limit
+        raise MalformedDelivery(f"body is not usable JSON: {exc}") from None
+    try:
+        # Ids, raw and the output topic all need UTF-8; a lone surrogate escape cannot be.
+        json.dumps(document, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise MalformedDelivery("body holds a string that is not valid Unicode") from None
+    except RecursionError:
+        raise MalformedDelivery("body is nested too deeply") from None
+    return document

@@ -1,0 +1,64 @@
+"""Stage one, pure: a raw delivery becomes keyed records for each instance that keeps them.
+
+Everything that cannot be parsed becomes one dead-letter record (original bytes, headers and
+the reason); every event an instance does not keep is counted by reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from streams.config import Settings
+from streams.normalizers import MalformedDelivery, normalize
+from streams.records import (
+    OutRecord,
+    RawRecord,
+    dead_letter_record,
+    delivery_from_raw,
+    keyed_record,
+)
+from streams.rules import Filtered, apply_instance
+
+
+@dataclass(slots=True)
+class Routed:
+    """What one raw record turned into."""
+
+    records: list[OutRecord] = field(default_factory=list)
+    events: int = 0
+    filtered: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(instance, reason) -> count"""
+    dead_letter_reason: str | None = None
+
+
+def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
+    """Normalize one raw record and fan it out to the instances that keep its events."""
+    defaults = {topic.name: topic.default_source for topic in settings.stream.raw_topics}
+    delivery = delivery_from_raw(record, defaults.get(record.topic))
+    routed = Routed()
+    try:
+        if not delivery.source:
+            raise MalformedDelivery("no `source` header and the topic has no default source")
+        events = normalize(delivery)
+    except MalformedDelivery as exc:
+        reason = f"{delivery.source or '?'}: {exc}"
+        routed.dead_letter_reason = reason
+        routed.records.append(
+            dead_letter_record(settings.stream.dead_letter_topic, record, key, reason, "normalize")
+        )
+        return routed
+    routed.events = len(events)
+    received_at = record.headers.get("received-at")
+    for event in events:
+        for instance in settings.instances:
+            kept = apply_instance(event, instance)
+            if isinstance(kept, Filtered):
+                routed.filtered[(instance.name, kept.reason)] += 1
+            else:
+                routed.records.append(
+                    keyed_record(
+                        settings.stream.repartition_topic, instance.name, kept, received_at
+                    )
+                )
+    return routed

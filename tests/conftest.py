@@ -1,0 +1,138 @@
+"""Test-session fixtures: a real Apache Kafka broker, chosen in this order:
+
+1. `KAFKA_BOOTSTRAP_SERVERS`, when set: an external broker, used as is;
+2. testcontainers' Kafka module, when a Docker engine answers;
+3. the project's own local broker (dev/kafka/localkafka.py), started fresh for the session on
+   a free port under ~/.cache/storage-events/test-kafka, and stopped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCAL_KAFKA = ROOT / "dev" / "kafka" / "localkafka.py"
+TEST_BROKER_DIR = Path.home() / ".cache" / "storage-events" / "test-kafka"
+
+_broker_description: list[str] = []
+
+
+def kafka_version() -> str:
+    return subprocess.run(
+        [sys.executable, str(LOCAL_KAFKA), "version"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:
+        return False
+
+
+def broker_choice() -> str:
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        return "external"
+    if docker_answers():
+        return "testcontainers"
+    return "local"
+
+
+def free_port_pair() -> int:
+    """A port p such that p and p + 1 (the controller) are both free on 127.0.0.1.
+
+    Taken below the kernel's ephemeral range, so that no outgoing connection grabs it
+    between this check and the broker binding it.
+    """
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        try:
+            with socket.socket() as first, socket.socket() as second:
+                first.bind(("127.0.0.1", port))
+                second.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free pair of ports on 127.0.0.1")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    choice = broker_choice()
+    if choice == "external":
+        given = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        return f"kafka: external broker KAFKA_BOOTSTRAP_SERVERS={given}"
+    if choice == "testcontainers":
+        return "kafka: testcontainers Kafka module (a Docker engine answered)"
+    return (
+        f"kafka: Apache Kafka {kafka_version()} (KRaft), started by the test session "
+        f"from Maven Central jars (dev/kafka/localkafka.py)"
+    )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _broker_description:
+        terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """The bootstrap address of a real Kafka broker for the whole session."""
+    choice = broker_choice()
+    if choice == "external":
+        bootstrap = os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        _broker_description.append(f"integration tests ran against the external broker {bootstrap}")
+        yield bootstrap
+        return
+    if choice == "testcontainers":
+        from testcontainers.kafka import KafkaContainer
+
+        with KafkaContainer().with_kraft() as container:
+            bootstrap = container.get_bootstrap_server()
+            _broker_description.append(
+                f"integration tests ran against a testcontainers Kafka at {bootstrap}"
+            )
+            yield bootstrap
+        return
+    env = {
+        **os.environ,
+        "LOCAL_KAFKA_DIR": str(TEST_BROKER_DIR),
+        "LOCAL_KAFKA_PORT": str(free_port_pair()),
+    }
+    # A broker left behind by an interrupted session would hold the state directory.
+    subprocess.run(
+        [sys.executable, str(LOCAL_KAFKA), "stop"], env=env, check=False, capture_output=True
+    )
+    started = subprocess.run(
+        [sys.executable, str(LOCAL_KAFKA), "start", "--fresh"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if started.returncode != 0:
+        pytest.exit(
+            f"could not start the local Kafka broker: {started.stderr.strip()}", returncode=3
+        )
+    bootstrap = started.stdout.strip().splitlines()[-1]
+    _broker_description.append(
+        f"integration tests ran against Apache Kafka {kafka_version()} (KRaft) at {bootstrap}, "
+        f"started by the test session; broker log: {TEST_BROKER_DIR / 'broker.log'}"
+    )
+    try:
+        yield bootstrap
+    finally:
+        subprocess.run(
+            [sys.executable, str(LOCAL_KAFKA), "stop"], env=env, check=False, capture_output=True
+        )

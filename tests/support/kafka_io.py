@@ -1,0 +1,100 @@
+"""Produce raw deliveries and read topics back, against the real broker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+Header = tuple[str, bytes]
+
+
+@dataclass(frozen=True)
+class Read:
+    """One record read back."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, bytes]
+
+    def json(self) -> Any:
+        return json.loads(self.value or b"null")
+
+
+async def produce(
+    bootstrap: str, topic: str, records: Sequence[tuple[bytes, Sequence[Header]]]
+) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(topic, value, headers=list(headers)) for value, headers in records
+        ]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+def raw(value: bytes | str, source: str, **headers: str) -> tuple[bytes, list[Header]]:
+    """A raw delivery as a bridge publishes it; `header_x=...` become `header.x` headers."""
+    body = value.encode() if isinstance(value, str) else value
+    out: list[Header] = [("source", source.encode())]
+    for name, text in headers.items():
+        prefix, _, rest = name.partition("_")
+        out.append((f"{prefix}.{rest.replace('_', '-')}" if rest else prefix, text.encode()))
+    return body, out
+
+
+async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[Read]:
+    """Every record of `topic` from the beginning up to its end offsets at call time."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    try:
+        partitions = consumer.partitions_for_topic(topic)
+        if not partitions:
+            await consumer._client.force_metadata_update()
+            partitions = consumer.partitions_for_topic(topic) or set()
+        assignment = [TopicPartition(topic, partition) for partition in sorted(partitions)]
+        if not assignment:
+            return []
+        consumer.assign(assignment)
+        await consumer.seek_to_beginning(*assignment)
+        ends = await consumer.end_offsets(assignment)
+        records: list[Read] = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+
+        async def behind() -> bool:
+            return any([await consumer.position(tp) < ends[tp] for tp in assignment])
+
+        while await behind():
+            if loop.time() > deadline:
+                raise TimeoutError(f"reading {topic} did not reach its end offsets")
+            batches = await consumer.getmany(timeout_ms=500)
+            for messages in batches.values():
+                for message in messages:
+                    records.append(
+                        Read(
+                            message.topic,
+                            message.partition,
+                            message.offset,
+                            message.key,
+                            message.value,
+                            dict(message.headers),
+                        )
+                    )
+        return sorted(records, key=lambda read: (read.partition, read.offset))
+    finally:
+        await consumer.stop()
