@@ -126,6 +126,7 @@ async def _tail(
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest" if from_beginning else "latest",
+        isolation_level="read_committed",  # exactly_once writes outputs in transactions
     )
     await consumer.start()
     printed = 0

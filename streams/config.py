@@ -26,6 +26,7 @@ topic = "files.events.tenant-a"   # default files.events.<name>
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -52,6 +53,7 @@ ENVIRONMENT = {
     "STREAMS_DATA_DIR": ("stream", "data_dir"),
     "STREAMS_WEB_PORT": ("stream", "web_port"),
     "STREAMS_PROCESSING_GUARANTEE": ("stream", "processing_guarantee"),
+    "STREAMS_GROUP_INSTANCE_ID": ("stream", "group_instance_id"),
     "STREAMS_PARTITIONS": ("stream", "partitions"),
     "STREAMS_REPLICATION_FACTOR": ("stream", "replication_factor"),
     "STREAMS_APP_ID": ("stream", "app_id"),
@@ -80,9 +82,18 @@ def parse_duration(value: Any) -> float:
         seconds = sum(float(number) * DURATION_UNITS[unit] for number, unit in parts)
     else:
         raise ValueError("a duration is a number of seconds or a string like '24h'")
+    if not math.isfinite(seconds):
+        raise ValueError("a duration must be finite")
     if seconds <= 0:
         raise ValueError("a duration must be positive")
     return seconds
+
+
+def check_topic_name(value: str) -> str:
+    """A name Kafka accepts for a topic (it refuses `.` and `..`)."""
+    if not TOPIC_NAME.match(value) or value in (".", ".."):
+        raise ValueError(f"{value!r} is not a valid Kafka topic name")
+    return value
 
 
 def normalize_prefix(prefix: str) -> str:
@@ -145,9 +156,7 @@ class InstanceConfig(_Strict):
     @field_validator("topic", "stale_topic")
     @classmethod
     def _topic(cls, value: str | None) -> str | None:
-        if value is not None and not TOPIC_NAME.match(value):
-            raise ValueError(f"{value!r} is not a valid Kafka topic name")
-        return value
+        return None if value is None else check_topic_name(value)
 
     @property
     def output_topic(self) -> str:
@@ -170,9 +179,7 @@ class RawTopicConfig(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not TOPIC_NAME.match(value):
-            raise ValueError(f"{value!r} is not a valid Kafka topic name")
-        return value
+        return check_topic_name(value)
 
 
 class KafkaConfig(_Strict):
@@ -190,9 +197,22 @@ class StreamConfig(_Strict):
     replication_factor: int = Field(default=1, ge=1, le=32)
     data_dir: Path = Path("var/streams")
     web_port: int = Field(default=6066, ge=1, le=65535)
-    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = "exactly_once"
     batch_size: int = Field(default=2000, ge=1, le=100_000)
     batch_within_s: float = Field(default=0.05, gt=0, le=10)
+    dedupe_sweep_interval_s: float = Field(default=30.0, gt=0)
+    """How often expired dedupe ids are removed (locally, and tombstoned in the changelog)."""
+    session_timeout_s: float = Field(default=15.0, ge=6, le=300)
+    """How long the group waits for a silent worker before giving its partitions away."""
+    group_instance_id: str | None = None
+    """Static group membership (KIP-345): a worker restarted under the same id takes its
+    partitions back at once instead of after the session timeout. Unique per worker, stable
+    across its restarts (a StatefulSet pod name)."""
+
+    @field_validator("repartition_topic", "dead_letter_topic")
+    @classmethod
+    def _topic(cls, value: str) -> str:
+        return check_topic_name(value)
 
     @field_validator("raw_topics", mode="before")
     @classmethod
@@ -223,6 +243,11 @@ class WebhookConfig(_Strict):
     insecure_sources: tuple[str, ...] = ()
     """Sources accepted without authentication (env WEBHOOK_INSECURE_SOURCES=s3,minio)."""
 
+    @field_validator("raw_topic")
+    @classmethod
+    def _topic(cls, value: str) -> str:
+        return check_topic_name(value)
+
     @field_validator("insecure_sources", mode="before")
     @classmethod
     def _sources(cls, value: Any) -> Any:
@@ -247,6 +272,18 @@ class Settings(_Strict):
         duplicated = sorted({name for name in names if names.count(name) > 1})
         if duplicated:
             raise ValueError(f"instances: names must be unique, repeated: {', '.join(duplicated)}")
+        # One topic per tenant: a shared output or stale topic would mix tenants' keys.
+        stream = self.stream
+        topics = [raw.name for raw in stream.raw_topics]
+        topics += [stream.repartition_topic, stream.dead_letter_topic]
+        for instance in self.instances:
+            topics += [instance.output_topic, instance.stale_output_topic]
+        shared = sorted({topic for topic in topics if topics.count(topic) > 1})
+        if shared:
+            raise ValueError(
+                "instances: every instance needs its own topic and stale_topic, distinct from "
+                f"each other and from the stream's topics; used twice: {', '.join(shared)}"
+            )
         return self
 
     def instance(self, name: str) -> InstanceConfig:
@@ -257,12 +294,16 @@ class Settings(_Strict):
         raise ConfigError(f"no instance named {name!r} (configured: {known})")
 
 
-def _describe(error: ValidationError, origin: str) -> str:
+def _describe(error: ValidationError, origin: str, overrides: Mapping[tuple[str, str], str]) -> str:
     problems = []
     for item in error.errors():
-        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        loc = tuple(str(part) for part in item["loc"])
         message = item["msg"].removeprefix("Value error, ")
-        problems.append(f"{where}: {message}")
+        variable = overrides.get((loc[0], loc[1])) if len(loc) >= 2 else None
+        if variable is not None:
+            message += f" (from environment variable {variable})"
+        # A model-level check names its own field(s) in the message.
+        problems.append(f"{'.'.join(loc)}: {message}" if loc else message)
     return f"{origin}: " + "; ".join(problems)
 
 
@@ -271,21 +312,28 @@ def load_settings(
 ) -> Settings:
     """Read the config file (argument, else `STREAMS_CONFIG`) and apply env overrides."""
     environ = os.environ if environ is None else environ
+    named_by = "" if path else " (STREAMS_CONFIG)"
     path = path or environ.get("STREAMS_CONFIG") or None
     data: dict[str, Any] = {}
     origin = "configuration"
     if path is not None:
-        origin = f"config file {path}"
+        origin = f"config file {path}{named_by}"
         try:
             data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ConfigError(f"{origin}: no such file (STREAMS_CONFIG)") from None
+            raise ConfigError(f"{origin}: no such file") from None
+        except OSError as exc:
+            raise ConfigError(f"{origin}: cannot be read: {exc.strerror or exc}") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{origin}: not valid TOML: {exc}") from None
+    overrides: dict[tuple[str, str], str] = {}
     for variable, (section, field) in ENVIRONMENT.items():
         if environ.get(variable):
-            data.setdefault(section, {})[field] = environ[variable]
+            table = data.setdefault(section, {})
+            if isinstance(table, dict):  # else validation reports the section itself
+                table[field] = environ[variable]
+                overrides[(section, field)] = variable
     try:
         return Settings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_describe(exc, origin)) from None
+        raise ConfigError(_describe(exc, origin, overrides)) from None

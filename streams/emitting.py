@@ -48,6 +48,7 @@ class KeyedInput:
     key: bytes | None
     value: bytes
     headers: Mapping[str, bytes] = field(default_factory=dict)
+    offset: int = -1
 
 
 class StateReader(Protocol):

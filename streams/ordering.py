@@ -55,10 +55,20 @@ class Mark:
         )
 
 
+# An int64 has at most 19 digits; longer strings are not GCS numbers (and int() may refuse them).
+MAX_NUMBER_DIGITS = 20
+
+
 def _int(value: Any) -> int | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.isdigit():
+    # isascii: str.isdigit() accepts "²", which int() refuses.
+    if (
+        isinstance(value, str)
+        and value.isascii()
+        and value.isdigit()
+        and len(value) <= MAX_NUMBER_DIGITS
+    ):
         return int(value)
     return None
 

@@ -50,10 +50,11 @@ def apply_instance(event: FileEvent, instance: InstanceConfig) -> FileEvent | Fi
         return Filtered("prefix")
     for name in DROPPING_PLUGINS:
         plugin = instance.plugin(name)
+        # The plugin's prefix itself, its folder marker (`.versions/`) and everything below.
         if (
             plugin is not None
             and plugin.prefix
-            and (key == plugin.prefix or under_prefix(key, plugin.prefix) is not None)
+            and (key == plugin.prefix or key.startswith(plugin.prefix + "/"))
         ):
             return Filtered(f"plugin:{name}")
     changes: dict[str, object] = {"key": key}

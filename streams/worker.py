@@ -23,7 +23,7 @@ from faust.tables.manager import TableManager
 from faust.types import TP, EventT
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from streams import metrics
+from streams import failpoints, metrics
 from streams.batching import acked_batches
 from streams.config import ConfigError, Settings, load_settings
 from streams.emitting import MARKS, SEEN, KeyedInput, plan_batch
@@ -32,10 +32,10 @@ from streams.routing import route
 from streams.sending import RecordSender
 from streams.state import TableState
 from streams.topics import MARKS_TABLE, SEEN_TABLE, ensure_topics, topology
+from streams.transactions import PartitionTransactions, offsets_after
 
 log = logging.getLogger(__name__)
 
-SWEEP_INTERVAL_S = 30.0
 SWEEP_LIMIT = 50_000
 
 
@@ -55,6 +55,7 @@ class StreamsApp(faust.App):
     """A Faust app that creates its topics and starts its producer before consuming."""
 
     sender: RecordSender
+    transactions: PartitionTransactions | None = None
 
     async def on_first_start(self) -> None:
         created = await ensure_topics(settings.kafka.bootstrap_servers, topology(settings))
@@ -62,10 +63,16 @@ class StreamsApp(faust.App):
             log.info("created topics: %s", ", ".join(created))
         self.sender = RecordSender(settings.kafka.bootstrap_servers, f"{self.conf.id}-sender")
         await self.sender.start()
+        if settings.stream.processing_guarantee == "exactly_once":
+            self.transactions = PartitionTransactions(
+                settings.kafka.bootstrap_servers, self.conf.id, group_id=self.conf.id
+            )
         await super().on_first_start()
 
     async def on_shutdown(self) -> None:
         await super().on_shutdown()
+        if self.transactions is not None:
+            await self.transactions.stop()
         sender = getattr(self, "sender", None)
         if sender is not None:
             await sender.stop()
@@ -80,10 +87,15 @@ app = StreamsApp(
     web_host="0.0.0.0",
     topic_partitions=settings.stream.partitions,
     topic_replication_factor=settings.stream.replication_factor,
-    processing_guarantee=settings.stream.processing_guarantee,
+    # Faust's own guarantee stays at_least_once: the emit stage does its own transactions
+    # (streams.transactions) when the stream's processing_guarantee is exactly_once.
+    processing_guarantee="at_least_once",
     producer_acks=-1,
     consumer_auto_offset_reset="earliest",
     table_standby_replicas=0,
+    consumer_group_instance_id=settings.stream.group_instance_id,
+    broker_session_timeout=settings.stream.session_timeout_s,
+    broker_heartbeat_interval=settings.stream.session_timeout_s / 5,
 )
 
 raw_channel = app.topic(
@@ -100,12 +112,14 @@ keyed_channel = app.topic(
     key_serializer="raw",
     value_serializer="raw",
 )
-_raw_schema: faust.Schema[bytes, bytes] = faust.Schema(
-    key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw"
-)
 tables = {
-    SEEN: app.Table(SEEN_TABLE, partitions=settings.stream.partitions, schema=_raw_schema),
-    MARKS: app.Table(MARKS_TABLE, partitions=settings.stream.partitions, schema=_raw_schema),
+    # bytes in, bytes out: the changelog carries the stream's own encodings (streams.emitting).
+    SEEN: app.Table(
+        SEEN_TABLE, partitions=settings.stream.partitions, key_type=bytes, value_type=bytes
+    ),
+    MARKS: app.Table(
+        MARKS_TABLE, partitions=settings.stream.partitions, key_type=bytes, value_type=bytes
+    ),
 }
 state = TableState(tables)
 # The sweeper and the emit agent both write the dedupe table; one at a time, so a sweep can
@@ -151,12 +165,34 @@ async def handle_keyed_batch(events: Sequence[EventT[Any]]) -> None:
             event.message.key,
             event.message.value or b"",
             headers_dict(event.message.headers),
+            event.message.offset,
         )
         for event in events
     ]
+    if app.transactions is None:
+        await _emit(inputs, None)
+        return
+    by_partition: dict[int, list[KeyedInput]] = {}
+    for item in inputs:
+        by_partition.setdefault(item.partition, []).append(item)
+    for partition, items in by_partition.items():
+        await _emit(items, partition)
+
+
+async def _emit(inputs: Sequence[KeyedInput], transaction_partition: int | None) -> None:
+    """Plan, then write the outputs (in a transaction for exactly_once), then the state."""
     async with state_lock:
         plan = plan_batch(inputs, settings, state, time.time())
-        await app.sender.send_all(plan.outputs)
+        if transaction_partition is None or app.transactions is None:
+            await app.sender.send_all(plan.outputs)
+        else:
+            last = max(item.offset for item in inputs)
+            await app.transactions.commit(
+                transaction_partition,
+                plan.outputs,
+                offsets_after(inputs[0].topic, transaction_partition, last),
+            )
+        failpoints.reached("after-output")
         acknowledged_at = time.time()
         changelog = state.changelog_records(plan.writes)
         sent = await app.sender.send_all(changelog)
@@ -198,7 +234,7 @@ async def emit_keyed(stream: Any) -> None:
     await _run_batches(stream, handle_keyed_batch, "emit_keyed")
 
 
-@app.timer(interval=SWEEP_INTERVAL_S)  # type: ignore[untyped-decorator]
+@app.timer(interval=settings.stream.dedupe_sweep_interval_s)  # type: ignore[untyped-decorator]
 async def sweep_expired_ids() -> None:
     """Forget dedupe entries past their TTL, locally and (by tombstones) in the changelog."""
     async with state_lock:

@@ -39,20 +39,18 @@ None. raw = the body (the File document).
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import Any
 
 from streams.delivery import Delivery
-from streams.event import EventType, FileEvent, format_time
+from streams.event import EventType, FileEvent
 from streams.normalizers.base import (
     MalformedDelivery,
-    derived_id,
+    change_id,
     load_json,
     optional_int,
-    optional_str,
     parse_time,
-    record_hash_id,
+    present,
     require_dict,
     require_str,
 )
@@ -69,7 +67,7 @@ _ACTIONS: dict[str, EventType | None] = {
 
 
 def normalize(delivery: Delivery) -> list[FileEvent]:
-    document = require_dict(_load_body(delivery.body), "body")
+    document = require_dict(load_json(delivery.body), "body")
     header = delivery.headers.get(_EVENTS_HEADER)
     if not isinstance(header, str) or not header.strip():
         raise MalformedDelivery(f"{_EVENTS_HEADER} header is missing: the body names no event")
@@ -86,7 +84,7 @@ def normalize(delivery: Delivery) -> list[FileEvent]:
 
     key = require_str(document.get("$id"), "$id")
     bucket = require_str(document.get("bucketId"), "bucketId")
-    etag = optional_str(document.get("signature"), "signature") or None
+    etag = present(document.get("signature"), "signature")
     created = _document_time(document.get("$createdAt"), "$createdAt")
     time = created if event_type == "created" else None
     return [
@@ -114,14 +112,12 @@ def _event_id(
     etag: str | None,
 ) -> str:
     updated = document.get("$updatedAt")
-    if updated is not None and updated != "":
-        if isinstance(updated, bool) or not isinstance(updated, str | int):
-            raise MalformedDelivery(f"$updatedAt is not a time: {updated!r}")
-        return derived_id(SOURCE, action, bucket, key, updated)
-    if time is not None or etag is not None:
-        stamp = format_time(time) if time is not None else None
-        return derived_id(SOURCE, action, bucket, key, None, stamp, etag)
-    return record_hash_id(SOURCE, document)
+    if updated == "":
+        updated = None
+    if updated is not None and (isinstance(updated, bool) or not isinstance(updated, str | int)):
+        raise MalformedDelivery(f"$updatedAt is not a time: {updated!r}")
+    # $updatedAt, verbatim, marks the write as a version would.
+    return change_id(SOURCE, action, bucket, key, updated, time, etag, document)
 
 
 def _document_time(value: Any, what: str) -> datetime | None:
@@ -131,27 +127,4 @@ def _document_time(value: Any, what: str) -> datetime | None:
             return datetime.fromtimestamp(value, tz=UTC)
         except (OverflowError, OSError, ValueError):
             raise MalformedDelivery(f"{what} is out of range: {value!r}") from None
-    try:
-        return parse_time(value, what)
-    except OverflowError:  # a valid-looking time whose UTC form leaves datetime's range
-        raise MalformedDelivery(f"{what} is out of range: {value!r}") from None
-
-
-def _load_body(body: Any) -> Any:
-    """JSON from the body; every failure, including ones load_json lets through, is malformed."""
-    if not isinstance(body, bytes | str):
-        raise MalformedDelivery(f"body is {type(body).__name__}, not bytes")
-    try:
-        document = load_json(body)
-    except MalformedDelivery:
-        raise
-    except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit limit
-        raise MalformedDelivery(f"body is not usable JSON: {exc}") from None
-    try:
-        # Ids, raw and the output topic all need UTF-8; a lone surrogate escape cannot be.
-        json.dumps(document, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        raise MalformedDelivery("body holds a string that is not valid Unicode") from None
-    except RecursionError:
-        raise MalformedDelivery("body is nested too deeply") from None
-    return document
+    return parse_time(value, what)

@@ -33,20 +33,19 @@ Signatures (`x-bz-event-notification-signature`) are checked by the HTTP bridge,
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
 from streams.delivery import Delivery
-from streams.event import EventType, FileEvent, format_time
+from streams.event import EventType, FileEvent
 from streams.normalizers.base import (
     MalformedDelivery,
-    derived_id,
+    change_id,
     load_json,
     optional_int,
     optional_str,
     parse_epoch_millis,
-    record_hash_id,
+    present,
     require_dict,
     require_str,
 )
@@ -64,7 +63,7 @@ _DROPPED = frozenset({"b2:TestEvent"})
 
 
 def normalize(delivery: Delivery) -> list[FileEvent]:
-    notification = require_dict(_load_body(delivery.body), "body")
+    notification = require_dict(load_json(delivery.body), "body")
     records = notification.get("events")
     if not isinstance(records, list):
         raise MalformedDelivery("events is missing or not a list")
@@ -87,7 +86,7 @@ def _event(record: dict[str, Any], where: str) -> FileEvent | None:
 
     bucket = require_str(record.get("bucketName"), f"{where}.bucketName")
     key = require_str(record.get("objectName"), f"{where}.objectName")
-    version = optional_str(record.get("objectVersionId"), f"{where}.objectVersionId") or None
+    version = present(record.get("objectVersionId"), f"{where}.objectVersionId")
     size = optional_int(record.get("objectSize"), f"{where}.objectSize")
     if kind.startswith("b2:HideMarkerCreated:"):
         size = None  # the hide marker's own size, not the hidden file's
@@ -120,28 +119,4 @@ def _event_id(
     event_id = optional_str(record.get("eventId"), f"{where}.eventId")
     if event_id:
         return event_id
-    if version is not None:
-        return derived_id(SOURCE, kind, bucket, key, version)
-    if time is not None:
-        return derived_id(SOURCE, kind, bucket, key, None, format_time(time), None)
-    return record_hash_id(SOURCE, record)
-
-
-def _load_body(body: Any) -> Any:
-    """JSON from the body; every failure, including ones load_json lets through, is malformed."""
-    if not isinstance(body, bytes | str):
-        raise MalformedDelivery(f"body is {type(body).__name__}, not bytes")
-    try:
-        document = load_json(body)
-    except MalformedDelivery:
-        raise
-    except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit limit
-        raise MalformedDelivery(f"body is not usable JSON: {exc}") from None
-    try:
-        # Ids, raw and the output topic all need UTF-8; a lone surrogate escape cannot be.
-        json.dumps(document, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        raise MalformedDelivery("body holds a string that is not valid Unicode") from None
-    except RecursionError:
-        raise MalformedDelivery("body is nested too deeply") from None
-    return document
+    return change_id(SOURCE, kind, bucket, key, version, time, None, record)  # B2 has no etag

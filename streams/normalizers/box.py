@@ -41,20 +41,19 @@ raw = the whole body.
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
 from streams.delivery import Delivery
-from streams.event import EventType, FileEvent, format_time
+from streams.event import EventType, FileEvent
 from streams.normalizers.base import (
     MalformedDelivery,
-    derived_id,
+    change_id,
     load_json,
     optional_int,
     optional_str,
     parse_time,
-    record_hash_id,
+    present,
     require_dict,
     require_str,
 )
@@ -71,7 +70,7 @@ _MAPPED: dict[str, EventType] = {
 
 
 def normalize(delivery: Delivery) -> list[FileEvent]:
-    body = require_dict(_load_body(delivery.body), "body")
+    body = require_dict(load_json(delivery.body), "body")
     if body.get("type", "webhook_event") != "webhook_event":
         raise MalformedDelivery(f"type {body.get('type')!r} is not 'webhook_event'")
     trigger = require_str(body.get("trigger"), "trigger")
@@ -87,9 +86,9 @@ def normalize(delivery: Delivery) -> list[FileEvent]:
     if file_version is None:
         file_version = {}  # trash bodies carry only id and type
     file_version = require_dict(file_version, "source.file_version")
-    version = optional_str(file_version.get("id"), "source.file_version.id") or None
-    etag = optional_str(source.get("sha1"), "source.sha1") or None
-    time = _time(body.get("created_at"), "created_at")
+    version = present(file_version.get("id"), "source.file_version.id")
+    etag = present(source.get("sha1"), "source.sha1")
+    time = parse_time(body.get("created_at"), "created_at")
 
     return [
         FileEvent(
@@ -119,36 +118,4 @@ def _event_id(
     event_id = optional_str(body.get("id"), "id")
     if event_id:
         return event_id
-    if version is not None:
-        return derived_id(SOURCE, trigger, None, key, version)
-    if time is not None or etag is not None:
-        stamp = format_time(time) if time is not None else None
-        return derived_id(SOURCE, trigger, None, key, None, stamp, etag)
-    return record_hash_id(SOURCE, body)
-
-
-def _time(value: Any, what: str) -> datetime | None:
-    try:
-        return parse_time(value, what)
-    except OverflowError:  # a valid-looking time whose UTC form leaves datetime's range
-        raise MalformedDelivery(f"{what} is out of range: {value!r}") from None
-
-
-def _load_body(body: Any) -> Any:
-    """JSON from the body; every failure, including ones load_json lets through, is malformed."""
-    if not isinstance(body, bytes | str):
-        raise MalformedDelivery(f"body is {type(body).__name__}, not bytes")
-    try:
-        document = load_json(body)
-    except MalformedDelivery:
-        raise
-    except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit limit
-        raise MalformedDelivery(f"body is not usable JSON: {exc}") from None
-    try:
-        # Ids, raw and the output topic all need UTF-8; a lone surrogate escape cannot be.
-        json.dumps(document, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        raise MalformedDelivery("body holds a string that is not valid Unicode") from None
-    except RecursionError:
-        raise MalformedDelivery("body is nested too deeply") from None
-    return document
+    return change_id(SOURCE, trigger, None, key, version, time, etag, body)

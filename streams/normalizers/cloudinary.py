@@ -45,7 +45,6 @@ raw = the notification for upload and rename, the `resources[]` entry for a dele
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
@@ -53,21 +52,22 @@ from streams.delivery import Delivery
 from streams.event import FileEvent, format_time
 from streams.normalizers.base import (
     MalformedDelivery,
+    change_id,
     derived_id,
     load_json,
     optional_int,
     optional_str,
     parse_time,
-    record_hash_id,
     require_dict,
     require_str,
+    strip_quotes,
 )
 
 SOURCE = "cloudinary"
 
 
 def normalize(delivery: Delivery) -> list[FileEvent]:
-    notification = require_dict(_load_body(delivery.body), "body")
+    notification = require_dict(load_json(delivery.body), "body")
     kind = require_str(notification.get("notification_type"), "notification_type")
     if kind == "upload":
         return [_upload(notification)]
@@ -81,7 +81,7 @@ def normalize(delivery: Delivery) -> list[FileEvent]:
 def _upload(notification: dict[str, Any]) -> FileEvent:
     key = _key(notification, "public_id", "")
     version = _version(notification.get("version"), "version")
-    etag = _unquote(optional_str(notification.get("etag"), "etag"))
+    etag = strip_quotes(optional_str(notification.get("etag"), "etag"))
     time = _event_time(notification)
     event_id = optional_str(notification.get("request_id"), "request_id") or _derived_id(
         "upload", key, version, time, etag, notification
@@ -187,10 +187,10 @@ def _event_time(notification: dict[str, Any]) -> datetime | None:
     if context is None:
         context = {}  # absent in 2021-era notifications
     context = require_dict(context, "notification_context")
-    triggered = _time(context.get("triggered_at"), "notification_context.triggered_at")
+    triggered = parse_time(context.get("triggered_at"), "notification_context.triggered_at")
     if triggered is not None:
         return triggered
-    return _time(notification.get("timestamp"), "timestamp")
+    return parse_time(notification.get("timestamp"), "timestamp")
 
 
 def _derived_id(
@@ -201,42 +201,4 @@ def _derived_id(
     etag: str | None,
     record: dict[str, Any],
 ) -> str:
-    if version is not None:
-        return derived_id(SOURCE, kind, None, key, version)
-    if time is not None or etag is not None:
-        stamp = format_time(time) if time is not None else None
-        return derived_id(SOURCE, kind, None, key, None, stamp, etag)
-    return record_hash_id(SOURCE, record)
-
-
-def _unquote(etag: str | None) -> str | None:
-    if etag is not None and len(etag) >= 2 and etag[0] == etag[-1] == '"':
-        return etag[1:-1]
-    return etag or None
-
-
-def _time(value: Any, what: str) -> datetime | None:
-    try:
-        return parse_time(value, what)
-    except OverflowError:  # a valid-looking time whose UTC form leaves datetime's range
-        raise MalformedDelivery(f"{what} is out of range: {value!r}") from None
-
-
-def _load_body(body: Any) -> Any:
-    """JSON from the body; every failure, including ones load_json lets through, is malformed."""
-    if not isinstance(body, bytes | str):
-        raise MalformedDelivery(f"body is {type(body).__name__}, not bytes")
-    try:
-        document = load_json(body)
-    except MalformedDelivery:
-        raise
-    except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit limit
-        raise MalformedDelivery(f"body is not usable JSON: {exc}") from None
-    try:
-        # Ids, raw and the output topic all need UTF-8; a lone surrogate escape cannot be.
-        json.dumps(document, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        raise MalformedDelivery("body holds a string that is not valid Unicode") from None
-    except RecursionError:
-        raise MalformedDelivery("body is nested too deeply") from None
-    return document
+    return change_id(SOURCE, kind, None, key, version, time, etag, record)

@@ -38,8 +38,16 @@ from typing import Any
 
 from streams.delivery import Delivery
 from streams.event import EventType, FileEvent
-from streams.normalizers.base import MalformedDelivery, require_dict, require_str
-from streams.normalizers.s3 import event_time_of, load, present, size, strip_quotes
+from streams.normalizers.base import (
+    MalformedDelivery,
+    load_json,
+    optional_int,
+    parse_time,
+    present,
+    require_dict,
+    require_str,
+    strip_quotes,
+)
 
 SOURCE = "eventbridge"
 
@@ -48,7 +56,7 @@ _TYPES: dict[str, EventType] = {"Object Created": "created", "Object Deleted": "
 
 def normalize(delivery: Delivery) -> list[FileEvent]:
     """The created/deleted event in one EventBridge delivery (zero or one)."""
-    event = _unwrap_sns(require_dict(load(delivery.body), "EventBridge event"))
+    event = _unwrap_sns(require_dict(load_json(delivery.body), "EventBridge event"))
     source = event.get("source")
     if source != "aws.s3":
         raise MalformedDelivery(f"EventBridge source {source!r} is not 'aws.s3'")
@@ -67,10 +75,10 @@ def normalize(delivery: Delivery) -> list[FileEvent]:
             type=event_type,
             key=require_str(obj.get("key"), "detail.object.key"),
             bucket=require_str(bucket.get("name"), "detail.bucket.name"),
-            size=size(obj.get("size"), "detail.object.size"),
+            size=optional_int(obj.get("size"), "detail.object.size"),
             etag=strip_quotes(present(etag, "detail.object.etag")),
             version_id=version,
-            time=event_time_of(event.get("time"), "time"),
+            time=parse_time(event.get("time"), "time"),
             sequencer=present(obj.get("sequencer"), "detail.object.sequencer"),
             provider=SOURCE,
             version_only=_version_only(event_type, detail, version),
@@ -86,7 +94,7 @@ def _unwrap_sns(body: dict[str, Any]) -> dict[str, Any]:
     if body["Type"] != "Notification":
         raise MalformedDelivery(f"SNS message of Type {body['Type']!r} is not a notification")
     message = require_str(body["Message"], "SNS Message")
-    return require_dict(load(message, "SNS Message"), "SNS Message")
+    return require_dict(load_json(message, "SNS Message"), "SNS Message")
 
 
 def _version_only(

@@ -57,9 +57,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -73,8 +71,10 @@ from streams.normalizers.base import (
     optional_int,
     optional_str,
     parse_time,
+    reject_lone_surrogates,
     require_dict,
     require_str,
+    strip_quotes,
 )
 
 SOURCE = "gcs"
@@ -93,9 +93,11 @@ _MAX_GENERATION_DIGITS = 20
 def normalize(delivery: Delivery) -> list[FileEvent]:
     """The canonical events in one GCS Pub/Sub delivery (zero or one)."""
     attributes = _attributes(delivery.attributes, "delivery attributes")
+    # The body's JSON is checked by load_json; the attributes come from the transport.
+    reject_lone_surrogates(attributes, "delivery attributes")
     resource: dict[str, Any] | None = None
     if delivery.body.strip():
-        document = _json_object(delivery.body, "body")
+        document = require_dict(load_json(delivery.body, "body"), "body")
         if "message" in document:
             # Push envelope: the object resource is base64 inside, attributes beside it.
             message = require_dict(document["message"], "push envelope `message`")
@@ -105,7 +107,6 @@ def normalize(delivery: Delivery) -> list[FileEvent]:
             resource = _decode_data(message.get("data"))
         else:
             resource = document
-    _check_unicode({"resource": resource, "attributes": attributes})
     event = _event(attributes, resource)
     return [event] if event is not None else []
 
@@ -124,10 +125,10 @@ def _event(attributes: dict[str, str], resource: dict[str, Any] | None) -> FileE
     key = _agreeing(attributes, "objectId", payload, "name")
     generation = _generation(attributes, payload)
 
-    time = _time(attributes.get("eventTime"), "attribute eventTime")
+    time = parse_time(attributes.get("eventTime"), "attribute eventTime")
     if time is None:
         fallback = "updated" if kind == "created" else "timeDeleted"
-        time = _time(payload.get(fallback), f"payload {fallback}")
+        time = parse_time(payload.get(fallback), f"payload {fallback}")
 
     raw: dict[str, Any] = {**payload, "attributes": attributes}
     try:
@@ -136,8 +137,8 @@ def _event(attributes: dict[str, str], resource: dict[str, Any] | None) -> FileE
             type=kind,
             key=key,
             bucket=bucket,
-            size=_size(payload.get("size")),
-            etag=_unquote(optional_str(payload.get("etag"), "payload etag")),
+            size=optional_int(payload.get("size"), "payload size"),
+            etag=strip_quotes(optional_str(payload.get("etag"), "payload etag")),
             version_id=generation,
             time=time,
             sequencer=generation,
@@ -161,16 +162,6 @@ def _attributes(value: Any, what: str) -> dict[str, str]:
     return result
 
 
-def _json_object(body: bytes | str, what: str) -> dict[str, Any]:
-    try:
-        document = load_json(body, what)
-    except MalformedDelivery:
-        raise
-    except ValueError as exc:  # load_json lets int() limits ("Exceeds the limit ...") through.
-        raise MalformedDelivery(f"{what} is not usable JSON: {exc}") from None
-    return require_dict(document, what)
-
-
 def _decode_data(data: Any) -> dict[str, Any] | None:
     """The push message's base64 `data`: the object resource, or None (payloadFormat NONE)."""
     if data is None or data == "":
@@ -183,19 +174,8 @@ def _decode_data(data: Any) -> dict[str, Any] | None:
         raise MalformedDelivery("push message `data` is not valid base64") from None
     if not decoded.strip():
         return None
-    return _json_object(decoded, "push message data")
-
-
-def _check_unicode(value: Any) -> None:
-    """Reject lone surrogates and NaN/Infinity: they break derived_id and JSON output later."""
-    try:
-        json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise MalformedDelivery("delivery holds text that is not valid Unicode") from None
-    except ValueError:
-        raise MalformedDelivery("delivery holds a non-finite number (NaN or Infinity)") from None
-    except RecursionError:
-        raise MalformedDelivery("delivery is nested too deeply") from None
+    what = "push message data"
+    return require_dict(load_json(decoded, what), what)
 
 
 def _agreeing(
@@ -243,29 +223,3 @@ def _decimal(value: Any, what: str) -> str | None:
     ):
         return value
     raise MalformedDelivery(f"{what} is not a generation number: {value!r}")
-
-
-def _size(value: Any) -> int | None:
-    if isinstance(value, str) and not (value.isascii() and value.isdigit()) and value:
-        # optional_int would hand "²" to int() and leak a ValueError.
-        raise MalformedDelivery(f"payload size is not an integer: {value!r}")
-    try:
-        return optional_int(value, "payload size")
-    except MalformedDelivery:
-        raise
-    except ValueError as exc:  # e.g. more digits than int() converts
-        raise MalformedDelivery(f"payload size is not usable: {exc}") from None
-
-
-def _time(value: Any, what: str) -> datetime | None:
-    try:
-        return parse_time(value, what)
-    except OverflowError:  # parse_time leaks it for year-1/year-9999 edge offsets
-        raise MalformedDelivery(f"{what} is out of range: {value!r}") from None
-
-
-def _unquote(etag: str | None) -> str | None:
-    """Strip one pair of surrounding double quotes, as HTTP-style etags sometimes carry."""
-    if etag and len(etag) >= 2 and etag[0] == etag[-1] == '"':
-        return etag[1:-1]
-    return etag or None

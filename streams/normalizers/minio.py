@@ -41,8 +41,8 @@ from __future__ import annotations
 
 from streams.delivery import Delivery
 from streams.event import FileEvent
-from streams.normalizers.base import MalformedDelivery, require_dict
-from streams.normalizers.s3 import Kind, load, record_events
+from streams.normalizers.base import MalformedDelivery, load_json, require_dict
+from streams.normalizers.s3 import Kind, record_events
 
 SOURCE = "minio"
 
@@ -62,7 +62,7 @@ _PLACEHOLDER_VERSIONS = frozenset({"1"})
 
 def normalize(delivery: Delivery) -> list[FileEvent]:
     """Every created/deleted event in one MinIO notification, in record order."""
-    body = require_dict(load(delivery.body), "MinIO notification")
+    body = require_dict(load_json(delivery.body), "MinIO notification")
     records = body.get("Records")
     if not isinstance(records, list):
         raise MalformedDelivery("MinIO notification has no Records array")

@@ -38,15 +38,13 @@ may live on), False for unversioned deletes and delete markers. `versionId` `"nu
 samples) count as absent. One pair of quotes is stripped from eTags (§11 #15); size/eTag on
 deletes are passed through as given (S3 sends none, §11 #14). `time` is `eventTime` in UTC.
 
-The record parsing here is shared by `minio` (same record shape, its own kinds) and the
-value helpers by `eventbridge`.
+The record parsing here is shared by `minio` (same record shape, its own kinds); the value
+helpers (`present`, `strip_quotes`, `optional_int`, `parse_time`, `load_json`) are `base`'s.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, Literal
 
 from streams.delivery import Delivery
@@ -58,9 +56,11 @@ from streams.normalizers.base import (
     optional_int,
     optional_str,
     parse_time,
+    present,
     record_hash_id,
     require_dict,
     require_str,
+    strip_quotes,
 )
 from streams.normalizers.keys import form_decode
 
@@ -79,7 +79,7 @@ _VERSION_DELETES = {"ObjectRemoved:Delete", "LifecycleExpiration:Delete"}
 
 def normalize(delivery: Delivery) -> list[FileEvent]:
     """Every created/deleted event in one S3 notification delivery, in record order."""
-    return _events(load(delivery.body), 0)
+    return _events(load_json(delivery.body), 0)
 
 
 def classify(event_name: str) -> Kind | None:
@@ -140,7 +140,7 @@ def _wrapped_message(record: Any, what: str) -> str | None:
 def _nested(text: str, what: str, depth: int) -> Any:
     if depth >= _MAX_NESTING:
         raise MalformedDelivery(f"{what}: more than {_MAX_NESTING} nested envelopes")
-    return load(text, what)
+    return load_json(text, what)
 
 
 def record_events(
@@ -190,59 +190,13 @@ def record_events(
             type="created" if kind == "created" else "deleted",
             key=key,
             bucket=bucket,
-            size=size(obj.get("size"), f"{what}.s3.object.size"),
+            size=optional_int(obj.get("size"), f"{what}.s3.object.size"),
             etag=strip_quotes(raw_etag),
             version_id=version,
-            time=event_time_of(event_time, f"{what}.eventTime"),
+            time=parse_time(event_time, f"{what}.eventTime"),
             sequencer=sequencer,
             provider=provider,
             version_only=version_only,
             raw=record,
         )
     ]
-
-
-# Value helpers, shared with eventbridge and minio.
-
-
-def load(body: bytes | str, what: str = "body") -> Any:
-    """`load_json`, also refusing lone surrogate escapes (`"\\ud800"`): they are no text,
-    and the event could never be written out as JSON."""
-    value = load_json(body, what)
-    try:
-        json.dumps(value, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        raise MalformedDelivery(f"{what} holds a lone surrogate escape, not Unicode text") from None
-    except RecursionError:
-        raise MalformedDelivery(f"{what} is nested too deeply") from None
-    return value
-
-
-def present(value: Any, what: str) -> str | None:
-    """An optional string; `""` (a Go zero value) counts as absent."""
-    return optional_str(value, what) or None
-
-
-def strip_quotes(etag: str | None) -> str | None:
-    """The eTag without one pair of surrounding double quotes."""
-    if etag is not None and len(etag) >= 2 and etag[0] == etag[-1] == '"':
-        etag = etag[1:-1]
-    return etag or None
-
-
-def size(value: Any, what: str) -> int | None:
-    """`optional_int`, with its ValueError on odd digit strings ("²", 5000 digits) contained."""
-    try:
-        return optional_int(value, what)
-    except MalformedDelivery:
-        raise
-    except ValueError:
-        raise MalformedDelivery(f"{what} is not an integer: {value!r}") from None
-
-
-def event_time_of(value: Any, what: str) -> datetime | None:
-    """`parse_time`, with its OverflowError (year 1 or 9999 with an offset) contained."""
-    try:
-        return parse_time(value, what)
-    except OverflowError:
-        raise MalformedDelivery(f"{what} is out of range: {value!r}") from None

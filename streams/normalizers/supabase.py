@@ -45,23 +45,23 @@ raw = the whole payload: the row change with its type and both row images.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from streams.delivery import Delivery
-from streams.event import EventType, FileEvent, format_time
+from streams.event import EventType, FileEvent
 from streams.normalizers.base import (
     MalformedDelivery,
-    derived_id,
+    change_id,
     load_json,
     optional_int,
     optional_str,
     parse_time,
-    record_hash_id,
+    present,
     require_dict,
     require_str,
+    strip_quotes,
 )
 
 SOURCE = "supabase"
@@ -83,7 +83,7 @@ class _Row:
 
 
 def normalize(delivery: Delivery) -> list[FileEvent]:
-    payload = require_dict(_load_body(delivery.body), "body")
+    payload = require_dict(load_json(delivery.body), "body")
     if payload.get("schema") != "storage" or payload.get("table") != "objects":
         raise MalformedDelivery(
             f"not a storage.objects webhook: schema={payload.get('schema')!r}, "
@@ -154,10 +154,10 @@ def _row(value: Any, what: str) -> _Row:
     return _Row(
         bucket=require_str(row.get("bucket_id"), f"{what}.bucket_id"),
         key=require_str(row.get("name"), f"{what}.name"),
-        version=optional_str(row.get("version"), f"{what}.version") or None,
+        version=present(row.get("version"), f"{what}.version"),
         size=optional_int(metadata.get("size"), f"{what}.metadata.size"),
-        etag=_unquote(optional_str(metadata.get("eTag"), f"{what}.metadata.eTag")),
-        updated_at=_time(row.get("updated_at"), f"{what}.updated_at"),
+        etag=strip_quotes(optional_str(metadata.get("eTag"), f"{what}.metadata.eTag")),
+        updated_at=parse_time(row.get("updated_at"), f"{what}.updated_at"),
         archived=row.get("archived_at") is not None,
         delete_marker=row.get("is_delete_marker") is True,
         versioned=row.get("is_versioned") is True,
@@ -165,12 +165,9 @@ def _row(value: Any, what: str) -> _Row:
 
 
 def _event_id(op: str, row: _Row, payload: dict[str, Any]) -> str:
-    if row.version is not None:
-        return derived_id(SOURCE, op, row.bucket, row.key, row.version)
-    if row.updated_at is not None or row.etag is not None:
-        stamp = format_time(row.updated_at) if row.updated_at is not None else None
-        return derived_id(SOURCE, op, row.bucket, row.key, None, stamp, row.etag)
-    return record_hash_id(SOURCE, payload)
+    return change_id(
+        SOURCE, op, row.bucket, row.key, row.version, row.updated_at, row.etag, payload
+    )
 
 
 def _event(
@@ -195,37 +192,3 @@ def _event(
         version_only=version_only if kind == "deleted" else None,
         raw=payload,
     )
-
-
-def _unquote(etag: str | None) -> str | None:
-    """Strip one pair of surrounding double quotes: Supabase stores the HTTP ETag as sent."""
-    if etag is not None and len(etag) >= 2 and etag[0] == etag[-1] == '"':
-        return etag[1:-1]
-    return etag or None
-
-
-def _time(value: Any, what: str) -> datetime | None:
-    try:
-        return parse_time(value, what)
-    except OverflowError:  # a valid-looking time whose UTC form leaves datetime's range
-        raise MalformedDelivery(f"{what} is out of range: {value!r}") from None
-
-
-def _load_body(body: Any) -> Any:
-    """JSON from the body; every failure, including ones load_json lets through, is malformed."""
-    if not isinstance(body, bytes | str):
-        raise MalformedDelivery(f"body is {type(body).__name__}, not bytes")
-    try:
-        document = load_json(body)
-    except MalformedDelivery:
-        raise
-    except ValueError as exc:  # e.g. an integer longer than Python's 4300-digit limit
-        raise MalformedDelivery(f"body is not usable JSON: {exc}") from None
-    try:
-        # Ids, raw and the output topic all need UTF-8; a lone surrogate escape cannot be.
-        json.dumps(document, ensure_ascii=False).encode()
-    except UnicodeEncodeError:
-        raise MalformedDelivery("body holds a string that is not valid Unicode") from None
-    except RecursionError:
-        raise MalformedDelivery("body is nested too deeply") from None
-    return document

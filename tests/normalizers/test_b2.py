@@ -209,7 +209,11 @@ def test_keys_are_kept_raw(name: str) -> None:
         (body_of(real_event(eventId=5)), r"events\[0\]\.eventId is not a string"),
         (body_of(real_event(objectVersionId=[])), "objectVersionId is not a string"),
         (b'{"events": [' + b"1" * 5000 + b"]}", "not usable JSON"),
-        (b'{"events": [{"objectName": "\\ud800"}]}', "not valid Unicode"),
+        (b'{"events": [{"objectName": "\\ud800"}]}', "lone UTF-16 surrogate"),
+        (
+            b'{"events": [], "deep": ' + b"[" * 70 + b'"\\ud800"' + b"]" * 70 + b"}",
+            "lone UTF-16 surrogate",
+        ),
         (b"[" * 100_000, "nested too deeply"),
     ],
 )

@@ -207,7 +207,10 @@ def bad(**source_changes: Any) -> bytes:
         (bad(file_version="78096737033"), "source.file_version is not a JSON object"),
         (bad(sha1=1), "source.sha1 is not a string"),
         (encode(docs_body(created_at="yesterday")), "created_at is not an RFC 3339 time"),
-        (encode(docs_body(created_at="0001-01-01T00:00:00+01:00")), "created_at is out of range"),
+        (
+            encode(docs_body(created_at="0001-01-01T00:00:00+01:00")),
+            "created_at is out of range",
+        ),
         (encode(docs_body(id=7)), "id is not a string"),
     ],
 )

@@ -29,13 +29,18 @@ class Read:
 
 
 async def produce(
-    bootstrap: str, topic: str, records: Sequence[tuple[bytes, Sequence[Header]]]
+    bootstrap: str,
+    topic: str,
+    records: Sequence[tuple[bytes, Sequence[Header]]],
+    key: bytes | None = None,
 ) -> None:
+    """Publish raw records in order; one `key` keeps them on one partition, in order."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
     await producer.start()
     try:
         futures = [
-            await producer.send(topic, value, headers=list(headers)) for value, headers in records
+            await producer.send(topic, value, key=key, headers=list(headers))
+            for value, headers in records
         ]
         await asyncio.gather(*futures)
     finally:
@@ -62,10 +67,8 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
     )
     await consumer.start()
     try:
-        partitions = consumer.partitions_for_topic(topic)
-        if not partitions:
-            await consumer._client.force_metadata_update()
-            partitions = consumer.partitions_for_topic(topic) or set()
+        await consumer._client.add_topic(topic)  # track its metadata without subscribing
+        partitions = consumer.partitions_for_topic(topic) or set()
         assignment = [TopicPartition(topic, partition) for partition in sorted(partitions)]
         if not assignment:
             return []

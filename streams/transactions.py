@@ -1,0 +1,114 @@
+"""`processing_guarantee = "exactly_once"`: the emit stage's outputs and input offsets commit
+together, in one Kafka transaction per input partition.
+
+One transactional producer per partition of the repartition topic, with a stable
+`transactional.id` (`<app id>-emit-<partition>`): a worker that takes a partition over
+fences any older producer of it, and aborts the transaction a killed worker left open. A
+batch's records of one partition (output, stale, dead-letter) and the consumer offset just
+past its last input are committed atomically, so after a crash a batch is either fully
+visible (and not read again) or not at all (and read again). Consumers of the output topics
+must read with `isolation.level=read_committed`.
+
+The state changelog is written after the commit, outside the transaction: Faust restores
+tables with `read_uncommitted`, so changelog records of an aborted transaction would come
+back on restore and mark as seen ids that were never emitted (a loss). Written after the
+commit, a crash in between can only forget ids (a later redelivery would be emitted again),
+never lose an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError, ProducerFenced
+
+from streams import metrics
+from streams.records import OutRecord
+from streams.sending import MAX_BACKOFF_S
+
+log = logging.getLogger(__name__)
+
+
+class PartitionTransactions:
+    """Transactional producers of the emit stage, one per input partition."""
+
+    def __init__(self, bootstrap_servers: str, app_id: str, group_id: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.app_id = app_id
+        self.group_id = group_id
+        self._producers: dict[int, AIOKafkaProducer] = {}
+
+    async def _producer(self, partition: int) -> AIOKafkaProducer:
+        producer = self._producers.get(partition)
+        if producer is None:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=self.bootstrap_servers,
+                client_id=f"{self.app_id}-emit-{partition}",
+                transactional_id=f"{self.app_id}-emit-{partition}",
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=5,
+                max_batch_size=256 * 1024,
+            )
+            await producer.start()  # init_transactions: fences and aborts older ones
+            self._producers[partition] = producer
+        return producer
+
+    async def commit(
+        self, partition: int, records: Sequence[OutRecord], offsets: dict[TopicPartition, int]
+    ) -> None:
+        """Write `records` and commit `offsets` for the group in one transaction.
+
+        Retries while Kafka is unavailable; a fenced producer (another worker owns the
+        partition now) is raised, since this worker must not go on writing for it.
+        """
+        delay = 0.2
+        while True:
+            try:
+                producer = await self._producer(partition)
+                async with producer.transaction():
+                    futures = [
+                        await producer.send(
+                            record.topic,
+                            record.value,
+                            key=record.key,
+                            partition=record.partition,
+                            headers=list(record.headers) or None,
+                        )
+                        for record in records
+                    ]
+                    await asyncio.gather(*futures)
+                    await producer.send_offsets_to_transaction(offsets, self.group_id)
+                return
+            except ProducerFenced:
+                raise
+            except KafkaError as exc:
+                metrics.SEND_RETRIES.inc()
+                log.warning(
+                    "transaction for partition %d failed (%r); retrying in %.1f s",
+                    partition,
+                    exc,
+                    delay,
+                )
+                await self._discard(partition)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
+
+    async def _discard(self, partition: int) -> None:
+        producer = self._producers.pop(partition, None)
+        if producer is not None:
+            try:
+                await producer.stop()
+            except KafkaError:
+                log.debug("stopping the producer of partition %d failed", partition)
+
+    async def stop(self) -> None:
+        for partition in list(self._producers):
+            await self._discard(partition)
+
+
+def offsets_after(topic: str, partition: int, last_offset: int) -> dict[TopicPartition, int]:
+    return {TopicPartition(topic, partition): last_offset + 1}

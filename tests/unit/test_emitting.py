@@ -1,0 +1,381 @@
+"""streams.emitting.plan_batch: dedupe, per-key order and output records, against in-memory state.
+
+`MemoryState` is a plain implementation of the StateReader protocol (the state interface, not
+Kafka); applying a plan's `writes` to it is what the worker does once Kafka acknowledged the
+batch's outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from streams.config import Settings
+from streams.emitting import (
+    MARKS,
+    SEEN,
+    EmitPlan,
+    KeyedInput,
+    mark_key,
+    plan_batch,
+    seen_key,
+)
+from streams.event import FileEvent
+from streams.ordering import Mark
+from streams.records import OutRecord, keyed_record
+
+NOW = 1_800_000_000.0
+SETTINGS = Settings.model_validate(
+    {
+        "instances": [
+            {"name": "a", "dedupe_ttl": "60s"},
+            {"name": "b", "dedupe_ttl": "1h", "topic": "out.b", "stale_topic": "late.b"},
+        ]
+    }
+)
+REPARTITION = SETTINGS.stream.repartition_topic
+DEAD_LETTER = SETTINGS.stream.dead_letter_topic
+
+
+class MemoryState:
+    """(table, partition, key) -> value."""
+
+    def __init__(self) -> None:
+        self.data: dict[tuple[str, int, bytes], bytes] = {}
+
+    def get(self, table: str, partition: int, key: bytes) -> bytes | None:
+        return self.data.get((table, partition, key))
+
+    def put(self, table: str, partition: int, key: bytes, value: bytes) -> None:
+        self.data[(table, partition, key)] = value
+
+    def apply(self, plan: EmitPlan) -> None:
+        for (table, partition), values in plan.writes.items():
+            for key, value in values.items():
+                self.put(table, partition, key, value)
+
+
+def event(sequencer: str = "0055AED6DCD90281E5", **fields: Any) -> FileEvent:
+    values: dict[str, Any] = {
+        "id": f"s3:{sequencer}",
+        "type": "created",
+        "key": "photos/red flower.jpg",
+        "bucket": "uploads",
+        "size": 1024,
+        "etag": "d41d8cd98f00b204e9800998ecf8427e",
+        "time": datetime(2026, 11, 30, 0, 8, 7, tzinfo=UTC),
+        "sequencer": sequencer,
+        "provider": "s3",
+        "raw": {"eventName": "ObjectCreated:Put"},
+    }
+    return FileEvent(**(values | fields))
+
+
+def keyed(
+    item: FileEvent, instance: str = "a", partition: int = 0, received_at: bytes | None = None
+) -> KeyedInput:
+    record = keyed_record(REPARTITION, instance, item, received_at)
+    assert record.value is not None
+    return KeyedInput(REPARTITION, partition, record.key, record.value, dict(record.headers))
+
+
+def plan(inputs: list[KeyedInput], state: MemoryState | None = None, now: float = NOW) -> EmitPlan:
+    return plan_batch(inputs, SETTINGS, state if state is not None else MemoryState(), now)
+
+
+def headers(record: OutRecord) -> dict[str, bytes]:
+    names = [name for name, _ in record.headers]
+    assert len(names) == len(set(names)), names
+    return dict(record.headers)
+
+
+def only(records: list[OutRecord]) -> OutRecord:
+    assert len(records) == 1, records
+    return records[0]
+
+
+def outcomes(result: EmitPlan) -> dict[tuple[str, str], int]:
+    return dict(result.outcomes)
+
+
+# --- emitted records -------------------------------------------------------------------------
+
+
+def test_an_event_is_emitted_with_cloudevents_headers() -> None:
+    item = event()
+    result = plan([keyed(item)])
+    record = only(result.outputs)
+    assert record.topic == "files.events.a"
+    assert record.key == b"photos/red flower.jpg"
+    assert record.value is not None
+    assert json.loads(record.value) == item.model_dump(mode="json")
+    assert json.loads(record.value)["time"] == "2026-11-30T00:08:07Z"
+    assert headers(record) == {
+        "ce_specversion": b"1.0",
+        "ce_id": item.id.encode(),
+        "ce_type": b"storage.object.created",
+        "ce_source": b"/storage-events/a/s3",
+        "ce_subject": b"photos/red flower.jpg",
+        "ce_time": b"2026-11-30T00:08:07Z",
+        "content-type": b"application/json",
+    }
+    assert outcomes(result) == {("a", "emitted"): 1}
+
+
+def test_deleted_event_type_and_no_time() -> None:
+    item = event(type="deleted", time=None, key="d\u00e9j\u00e0 vu.txt")
+    record = only(plan([keyed(item)]).outputs)
+    found = headers(record)
+    assert found["ce_type"] == b"storage.object.deleted"
+    assert found["ce_subject"] == "d\u00e9j\u00e0 vu.txt".encode()
+    assert record.key == "d\u00e9j\u00e0 vu.txt".encode()
+    assert "ce_time" not in found
+
+
+def test_instance_decides_topic_and_source() -> None:
+    record = only(plan([keyed(event(provider="minio"), "b")]).outputs)
+    assert record.topic == "out.b"
+    assert headers(record)["ce_source"] == b"/storage-events/b/minio"
+
+
+def test_writes_record_the_id_expiry_and_the_key_mark() -> None:
+    item = event()
+    result = plan([keyed(item, partition=3)])
+    assert set(result.writes) == {(SEEN, 3), (MARKS, 3)}
+    assert result.writes[(SEEN, 3)] == {seen_key("a", item.id): f"{NOW + 60:.3f}".encode()}
+    mark = Mark.from_json(json.loads(result.writes[(MARKS, 3)][mark_key("a", item.key)]))
+    assert (mark.kind, mark.event_id, mark.type) == ("aws-sequencer", item.id, "created")
+
+
+def test_received_at_is_reported_for_emitted_events_only() -> None:
+    item = event()
+    result = plan([keyed(item, received_at=b"1700"), keyed(item, received_at=b"1701")])
+    assert result.received_at == [("a", b"1700")]
+
+
+# --- dedupe --------------------------------------------------------------------------------------
+
+
+def test_duplicate_within_one_batch() -> None:
+    item = event()
+    result = plan([keyed(item), keyed(item)])
+    assert len(result.outputs) == 1
+    assert outcomes(result) == {("a", "emitted"): 1, ("a", "duplicate"): 1}
+
+
+def test_duplicate_across_batches() -> None:
+    state = MemoryState()
+    item = event()
+    first = plan([keyed(item)], state)
+    state.apply(first)
+    second = plan([keyed(item)], state, NOW + 10)
+    assert second.outputs == []
+    assert outcomes(second) == {("a", "duplicate"): 1}
+    assert second.writes == {}  # a duplicate does not renew the id's lease
+
+
+def test_same_id_in_two_instances_is_not_a_duplicate() -> None:
+    item = event()
+    result = plan([keyed(item, "a"), keyed(item, "b")])
+    assert [record.topic for record in result.outputs] == ["files.events.a", "out.b"]
+    assert outcomes(result) == {("a", "emitted"): 1, ("b", "emitted"): 1}
+
+
+def test_different_ids_of_one_key_are_not_duplicates() -> None:
+    result = plan([keyed(event("0001")), keyed(event("0002"))])
+    assert outcomes(result) == {("a", "emitted"): 2}
+
+
+@pytest.mark.parametrize(
+    ("stored_expiry", "duplicate"),
+    [(NOW + 0.001, True), (NOW + 59, True), (NOW, False), (NOW - 1, False)],
+)
+def test_expiry_is_honoured(stored_expiry: float, duplicate: bool) -> None:
+    item = event()
+    state = MemoryState()
+    state.put(SEEN, 0, seen_key("a", item.id), f"{stored_expiry:.3f}".encode())
+    result = plan([keyed(item)], state)
+    if duplicate:
+        assert (result.outputs, outcomes(result)) == ([], {("a", "duplicate"): 1})
+    else:
+        assert outcomes(result) == {("a", "emitted"): 1}
+        assert result.writes[(SEEN, 0)][seen_key("a", item.id)] == f"{NOW + 60:.3f}".encode()
+
+
+def test_the_lease_is_the_instance_ttl() -> None:
+    item = event()
+    result = plan([keyed(item, "b")])
+    assert result.writes[(SEEN, 0)][seen_key("b", item.id)] == f"{NOW + 3600:.3f}".encode()
+
+
+def test_a_duplicate_does_not_extend_the_lease() -> None:
+    state = MemoryState()
+    item = event()
+    state.apply(plan([keyed(item)], state, NOW))
+    state.apply(plan([keyed(item)], state, NOW + 30))  # duplicate: nothing written
+    assert state.get(SEEN, 0, seen_key("a", item.id)) == f"{NOW + 60:.3f}".encode()
+    again = plan([keyed(item)], state, NOW + 60)  # the original lease has run out
+    assert outcomes(again) == {("a", "emitted"): 1}
+    assert again.writes[(SEEN, 0)][seen_key("a", item.id)] == f"{NOW + 120:.3f}".encode()
+
+
+def test_an_unreadable_expiry_is_no_expiry() -> None:
+    item = event()
+    state = MemoryState()
+    state.put(SEEN, 0, seen_key("a", item.id), b"not a number")
+    assert outcomes(plan([keyed(item)], state)) == {("a", "emitted"): 1}
+
+
+def test_state_is_read_from_the_record_partition() -> None:
+    item = event()
+    state = MemoryState()
+    state.put(SEEN, 1, seen_key("a", item.id), f"{NOW + 10:.3f}".encode())
+    assert outcomes(plan([keyed(item, partition=1)], state)) == {("a", "duplicate"): 1}
+    assert outcomes(plan([keyed(item, partition=0)], state)) == {("a", "emitted"): 1}
+
+
+# --- order -----------------------------------------------------------------------------------
+
+
+def test_an_older_event_goes_to_the_stale_topic() -> None:
+    state = MemoryState()
+    newer, older = event("0063836BDED404C9F2"), event("005A934FE6C0A58C72")
+    state.apply(plan([keyed(newer)], state))
+    result = plan([keyed(older)], state)
+    record = only(result.outputs)
+    assert record.topic == "files.stale.a"
+    assert record.key == older.key.encode()
+    assert record.value is not None
+    assert json.loads(record.value) == older.model_dump(mode="json")
+    found = headers(record)
+    assert found["ce_id"] == older.id.encode()
+    assert found["ce_subject"] == older.key.encode()
+    reason = found["stale.reason"].decode()
+    assert "aws-sequencer" in reason and newer.id in reason
+    assert outcomes(result) == {("a", "stale"): 1}
+    # The stale event's id is recorded (its redelivery is a duplicate); the mark is not moved.
+    assert set(result.writes) == {(SEEN, 0)}
+
+
+def test_stale_within_one_batch_and_to_the_instance_stale_topic() -> None:
+    result = plan([keyed(event("0063", key="x"), "b"), keyed(event("0062", key="x"), "b")])
+    assert [record.topic for record in result.outputs] == ["out.b", "late.b"]
+    assert outcomes(result) == {("b", "emitted"): 1, ("b", "stale"): 1}
+
+
+def test_a_stale_event_does_not_move_the_mark() -> None:
+    result = plan([keyed(event("0003")), keyed(event("0001")), keyed(event("0002"))])
+    assert [record.topic for record in result.outputs] == [
+        "files.events.a",
+        "files.stale.a",
+        "files.stale.a",
+    ]
+    mark = Mark.from_json(json.loads(result.writes[(MARKS, 0)][mark_key("a", event().key)]))
+    assert mark.event_id == "s3:0003"
+
+
+def test_keys_are_ordered_independently() -> None:
+    result = plan([keyed(event("0003", key="x")), keyed(event("0001", key="y"))])
+    assert outcomes(result) == {("a", "emitted"): 2}
+
+
+def test_instances_are_ordered_independently() -> None:
+    result = plan([keyed(event("0003"), "a"), keyed(event("0001"), "b")])
+    assert outcomes(result) == {("a", "emitted"): 1, ("b", "emitted"): 1}
+
+
+def test_a_newer_event_moves_the_mark() -> None:
+    result = plan([keyed(event("0001")), keyed(event("0002")), keyed(event("0003"))])
+    assert outcomes(result) == {("a", "emitted"): 3}
+    mark = Mark.from_json(json.loads(result.writes[(MARKS, 0)][mark_key("a", event().key)]))
+    assert mark.event_id == "s3:0003"
+
+
+def test_a_version_only_delete_is_emitted_but_does_not_move_the_mark() -> None:
+    created = event("0001")
+    version_gone = event("0003", type="deleted", version_id="v0", version_only=True)
+    later_created = event("0002")
+    result = plan([keyed(created), keyed(version_gone), keyed(later_created)])
+    assert [record.topic for record in result.outputs] == ["files.events.a"] * 3
+    assert headers(result.outputs[1])["ce_type"] == b"storage.object.deleted"
+    mark = Mark.from_json(json.loads(result.writes[(MARKS, 0)][mark_key("a", created.key)]))
+    assert mark.event_id == later_created.id
+
+
+def test_a_version_only_delete_alone_writes_no_mark() -> None:
+    item = event("0003", type="deleted", version_only=True)
+    result = plan([keyed(item)])
+    assert outcomes(result) == {("a", "emitted"): 1}
+    assert set(result.writes) == {(SEEN, 0)}
+
+
+@pytest.mark.parametrize("version_only", [False, None])
+def test_a_delete_of_the_live_object_moves_the_mark(version_only: bool | None) -> None:
+    deleted = event("0003", type="deleted", version_only=version_only)
+    result = plan([keyed(deleted), keyed(event("0002"))])
+    assert [record.topic for record in result.outputs] == ["files.events.a", "files.stale.a"]
+
+
+def test_a_version_only_delete_older_than_the_mark_is_stale() -> None:
+    result = plan([keyed(event("0003")), keyed(event("0002", type="deleted", version_only=True))])
+    assert outcomes(result) == {("a", "emitted"): 1, ("a", "stale"): 1}
+
+
+def test_gcs_event_with_a_strange_metageneration_is_emitted() -> None:
+    # Used to raise ValueError out of plan_batch (int("²")), stopping the worker on every
+    # restart since the record is read again.
+    item = event(provider="gcs", sequencer="12", raw={"metageneration": "\u00b2"}, id="gcs:weird")
+    result = plan([keyed(item), keyed(event(provider="gcs", sequencer="11", id="gcs:old"))])
+    assert outcomes(result) == {("a", "emitted"): 1, ("a", "stale"): 1}
+
+
+# --- dead letters ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"not json",
+        b"\xff\xfe",
+        b"[]",
+        b'{"event": {}}',
+        b'{"instance": 3, "event": {}}',
+        b'{"instance": "a"}',
+        b'{"instance": "a", "event": {"id": "x"}}',
+        b'{"instance": "a", "event": {"id": "x", "type": "moved", "key": "k", "provider": "s3"}}',
+    ],
+)
+def test_unreadable_keyed_record_is_dead_lettered(value: bytes) -> None:
+    item = KeyedInput(REPARTITION, 2, b"a/k", value, {"received-at": b"1700"})
+    result = plan([item])
+    record = only(result.outputs)
+    assert record.topic == DEAD_LETTER
+    assert (record.key, record.value) == (b"a/k", value)
+    found = headers(record)
+    assert found["received-at"] == b"1700"
+    assert found["error.stage"] == b"emit"
+    assert found["error.topic"] == REPARTITION.encode()
+    assert found["error"].startswith(b"unreadable keyed record")
+    assert outcomes(result) == {("?", "dead_letter"): 1}
+    assert result.writes == {}
+
+
+def test_unknown_instance_is_dead_lettered() -> None:
+    item = keyed(event(), "gone")
+    result = plan([item])
+    record = only(result.outputs)
+    assert record.topic == DEAD_LETTER
+    assert (record.key, record.value) == (item.key, item.value)
+    found = headers(record)
+    assert found["error.stage"] == b"emit"
+    assert b"'gone'" in found["error"] and b"no longer configured" in found["error"]
+    assert result.writes == {}
+
+
+def test_the_batch_goes_on_after_a_dead_letter() -> None:
+    result = plan([KeyedInput(REPARTITION, 0, None, b"{}"), keyed(event())])
+    assert [record.topic for record in result.outputs] == [DEAD_LETTER, "files.events.a"]
+    assert outcomes(result) == {("?", "dead_letter"): 1, ("a", "emitted"): 1}

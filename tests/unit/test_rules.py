@@ -1,0 +1,254 @@
+"""streams.rules: which events an instance keeps (bucket, prefix, plugins) and how it sees them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from streams.config import InstanceConfig
+from streams.event import FileEvent
+from streams.rules import Filtered, apply_instance, under_prefix
+
+
+def event(key: str, bucket: str | None = "uploads", **fields: Any) -> FileEvent:
+    values: dict[str, Any] = {
+        "id": "s3:1",
+        "type": "created",
+        "key": key,
+        "bucket": bucket,
+        "size": 10,
+        "etag": "abc",
+        "version_id": "v1",
+        "time": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
+        "sequencer": "0055AED6DCD90281E5",
+        "provider": "s3",
+        "raw": {"k": "v"},
+    }
+    return FileEvent(**(values | fields))
+
+
+def instance(**fields: Any) -> InstanceConfig:
+    return InstanceConfig.model_validate({"name": "t"} | fields)
+
+
+def kept(result: FileEvent | Filtered) -> FileEvent:
+    assert isinstance(result, FileEvent), result
+    return result
+
+
+# --- under_prefix --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "prefix", "expected"),
+    [
+        ("users/a.txt", "users", "a.txt"),
+        ("users/a/b.txt", "users", "a/b.txt"),
+        ("users/a/", "users", "a/"),
+        ("a/b/c", "a/b", "c"),
+        ("anything", "", "anything"),
+        ("", "", ""),
+        ("users-archive/x", "users", None),
+        ("usersx", "users", None),
+        ("users", "users", None),
+        ("users/", "users", None),
+        ("other/users/x", "users", None),
+        ("Users/x", "users", None),
+        ("a/bc/d", "a/b", None),
+    ],
+)
+def test_under_prefix(key: str, prefix: str, expected: str | None) -> None:
+    assert under_prefix(key, prefix) == expected
+
+
+SEGMENT = st.text(alphabet="ab-_.", min_size=1, max_size=4)
+PREFIXES = st.lists(SEGMENT, min_size=1, max_size=3).map("/".join)
+KEYS = st.text(alphabet="ab-_./", max_size=12)
+
+
+@given(key=KEYS, prefix=PREFIXES)
+def test_under_prefix_only_returns_keys_inside_the_prefix(key: str, prefix: str) -> None:
+    relative = under_prefix(key, prefix)
+    inside = key.startswith(prefix + "/") and len(key) > len(prefix) + 1
+    assert (relative is not None) == inside
+    if relative is not None:
+        assert relative != ""
+        assert key == f"{prefix}/{relative}"
+
+
+@given(prefix=PREFIXES, relative=KEYS.filter(bool))
+def test_under_prefix_strips_exactly_the_prefix(prefix: str, relative: str) -> None:
+    assert under_prefix(f"{prefix}/{relative}", prefix) == relative
+
+
+@given(prefix=PREFIXES, other=PREFIXES, rest=KEYS)
+def test_a_sibling_sharing_the_first_letters_never_matches(
+    prefix: str, other: str, rest: str
+) -> None:
+    # `users` vs `users-archive/...`: the same characters but not the same path segment.
+    key = f"{prefix}{other}/{rest}"
+    assert under_prefix(key, prefix) is None
+
+
+# --- buckets -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("configured", "event_bucket", "keeps"),
+    [
+        ("uploads", "uploads", True),
+        ("uploads", "other", False),
+        ("uploads", None, True),
+        ("*", "uploads", True),
+        ("*", "other", True),
+        ("*", None, True),
+        (None, "anything", True),
+        (None, None, True),
+    ],
+)
+def test_bucket_rule(configured: str | None, event_bucket: str | None, keeps: bool) -> None:
+    config = instance() if configured is None else instance(bucket=configured)
+    result = apply_instance(event("a.txt", bucket=event_bucket), config)
+    if keeps:
+        assert kept(result).bucket == event_bucket
+    else:
+        assert result == Filtered("bucket")
+
+
+def test_bucket_is_checked_before_the_prefix() -> None:
+    result = apply_instance(event("elsewhere/a", bucket="other"), instance(bucket="b", prefix="u"))
+    assert result == Filtered("bucket")
+
+
+def test_bucket_names_are_compared_exactly() -> None:
+    assert apply_instance(event("a", bucket="Uploads"), instance(bucket="uploads")) == Filtered(
+        "bucket"
+    )
+
+
+# --- prefix --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("configured", ["users", "/users/", "users/"])
+def test_prefix_is_stripped(configured: str) -> None:
+    original = event("users/photos/a b.jpg")
+    result = kept(apply_instance(original, instance(prefix=configured)))
+    assert result.key == "photos/a b.jpg"
+    # Nothing else changes.
+    assert result.model_dump(exclude={"key"}) == original.model_dump(exclude={"key"})
+
+
+@pytest.mark.parametrize("key", ["users-archive/x", "users", "users/", "other/users/x", "x"])
+def test_outside_the_prefix_is_filtered(key: str) -> None:
+    assert apply_instance(event(key), instance(prefix="users")) == Filtered("prefix")
+
+
+def test_no_prefix_keeps_the_key() -> None:
+    assert kept(apply_instance(event("users/a"), instance())).key == "users/a"
+
+
+def test_nested_prefix() -> None:
+    config = instance(prefix="tenants/a")
+    assert kept(apply_instance(event("tenants/a/x/y"), config)).key == "x/y"
+    assert apply_instance(event("tenants/ab/x"), config) == Filtered("prefix")
+
+
+# --- plugins -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("plugin", "internal"),
+    [("versioning", ".versions"), ("softDelete", ".trash"), ("dedup", ".dedup")],
+)
+@pytest.mark.parametrize(
+    "relative", ["{p}/x", "{p}/a/b", "{p}", "{p}/"], ids=["child", "deep", "itself", "marker"]
+)
+def test_dropping_plugins_drop_their_prefix_relative_to_the_instance_prefix(
+    plugin: str, internal: str, relative: str
+) -> None:
+    key = "users/" + relative.format(p=internal)
+    result = apply_instance(event(key), instance(prefix="users", plugins=[plugin]))
+    assert result == Filtered(f"plugin:{plugin}")
+
+
+@pytest.mark.parametrize(
+    ("plugin", "internal"),
+    [("versioning", ".versions"), ("softDelete", ".trash"), ("dedup", ".dedup")],
+)
+def test_dropping_plugins_leave_lookalikes_alone(plugin: str, internal: str) -> None:
+    config = instance(prefix="users", plugins=[plugin])
+    for relative in (f"{internal}x/a", f"a/{internal}/b", f"x{internal}", f"{internal}-old"):
+        assert kept(apply_instance(event(f"users/{relative}"), config)).key == relative
+
+
+def test_plugin_prefix_outside_the_instance_prefix_is_a_prefix_drop() -> None:
+    config = instance(prefix="users", plugins=["versioning"])
+    assert apply_instance(event(".versions/users/a"), config) == Filtered("prefix")
+
+
+def test_without_the_plugin_its_prefix_is_an_ordinary_key() -> None:
+    config = instance(plugins=["softDelete"])
+    assert kept(apply_instance(event(".versions/a"), config)).key == ".versions/a"
+
+
+def test_custom_plugin_prefixes() -> None:
+    config = instance(
+        plugins=[
+            {"name": "versioning", "prefix": "_history"},
+            {"name": "softDelete", "prefix": "/bin/"},
+            {"name": "dedup", "prefix": "blobs/store"},
+        ]
+    )
+    assert apply_instance(event("_history/a"), config) == Filtered("plugin:versioning")
+    assert apply_instance(event("bin/a"), config) == Filtered("plugin:softDelete")
+    assert apply_instance(event("blobs/store/abc"), config) == Filtered("plugin:dedup")
+    for key in (".versions/a", ".trash/a", ".dedup/a", "blobs/other"):
+        assert kept(apply_instance(event(key), config)).key == key
+
+
+@pytest.mark.parametrize("size", [0, None])
+def test_dedup_clears_size_and_etag_of_empty_or_unsized_objects(size: int | None) -> None:
+    result = kept(apply_instance(event("a", size=size), instance(plugins=["dedup"])))
+    assert (result.size, result.etag) == (None, None)
+    assert result.version_id == "v1"
+
+
+def test_dedup_keeps_size_and_etag_of_sized_objects() -> None:
+    result = kept(apply_instance(event("a", size=1), instance(plugins=["dedup"])))
+    assert (result.size, result.etag) == (1, "abc")
+
+
+def test_without_dedup_an_empty_object_keeps_its_etag() -> None:
+    result = kept(apply_instance(event("a", size=0), instance(plugins=["versioning"])))
+    assert (result.size, result.etag) == (0, "abc")
+
+
+@pytest.mark.parametrize("plugin", ["encryption", "compression"])
+@pytest.mark.parametrize("kind", ["created", "deleted"])
+@pytest.mark.parametrize("size", [0, 5, None])
+def test_size_changing_plugins_clear_size_on_every_event(
+    plugin: str, kind: str, size: int | None
+) -> None:
+    result = kept(apply_instance(event("a", type=kind, size=size), instance(plugins=[plugin])))
+    assert result.size is None
+    assert result.etag == "abc"
+    assert result.type == kind
+
+
+def test_dedup_with_encryption() -> None:
+    config = instance(plugins=["dedup", "encryption"])
+    sized = kept(apply_instance(event("a", size=7), config))
+    assert (sized.size, sized.etag) == (None, "abc")
+    empty = kept(apply_instance(event("a", size=0), config))
+    assert (empty.size, empty.etag) == (None, None)
+
+
+def test_the_input_event_is_not_changed() -> None:
+    original = event("users/a", size=0)
+    result = kept(apply_instance(original, instance(prefix="users", plugins=["dedup"])))
+    assert (result.key, result.size) == ("a", None)
+    assert (original.key, original.size, original.etag) == ("users/a", 0, "abc")
