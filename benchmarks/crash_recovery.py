@@ -39,21 +39,37 @@ def bootstrap_servers() -> str:
     given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
     if given:
         return given
-    started = subprocess.run([sys.executable, str(ROOT / "dev/kafka/localkafka.py"), "start"],
-                             stdout=subprocess.PIPE, text=True, check=True)
+    started = subprocess.run(
+        [sys.executable, str(ROOT / "dev/kafka/localkafka.py"), "start"],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
     return started.stdout.strip().splitlines()[-1]
 
 
 def s3_change(index: int, keys: int) -> tuple[bytes, bytes]:
     key = f"chaos/{index % keys:05d}.bin"
     sequencer = f"{0x0069B21FFD0745EE4E + index:018X}"
-    body = {"Records": [{
-        "eventVersion": "2.1", "eventSource": "aws:s3", "eventTime": "2026-11-30T00:00:00.000Z",
-        "eventName": "ObjectCreated:Put",
-        "s3": {"bucket": {"name": "chaos"},
-               "object": {"key": key, "size": index, "eTag": f"{index:032x}",
-                          "sequencer": sequencer}},
-    }]}
+    body = {
+        "Records": [
+            {
+                "eventVersion": "2.1",
+                "eventSource": "aws:s3",
+                "eventTime": "2026-11-30T00:00:00.000Z",
+                "eventName": "ObjectCreated:Put",
+                "s3": {
+                    "bucket": {"name": "chaos"},
+                    "object": {
+                        "key": key,
+                        "size": index,
+                        "eTag": f"{index:032x}",
+                        "sequencer": sequencer,
+                    },
+                },
+            }
+        ]
+    }
     return key.encode(), json.dumps(body).encode()
 
 
@@ -76,9 +92,13 @@ class WorkerProcess:
 
     def start(self) -> None:
         with self.log.open("ab") as out:
-            self.process = subprocess.Popen([str(FAUST), "-A", "streams", "worker", "-l", "warn"],
-                                            cwd=ROOT, env=self.env, stdout=out,
-                                            stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                [str(FAUST), "-A", "streams", "worker", "-l", "warn"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
 
     def wait_ready(self, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
@@ -109,8 +129,9 @@ class WorkerProcess:
 
 def produce_steadily(bootstrap: str, topic: str, count: int, rate: float, keys: int) -> None:
     async def run() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
-                                    enable_idempotence=True, linger_ms=5)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5
+        )
         await producer.start()
         try:
             started = time.monotonic()
@@ -128,8 +149,12 @@ def produce_steadily(bootstrap: str, topic: str, count: int, rate: float, keys: 
 
 
 async def read_output(bootstrap: str, topic: str) -> list[str]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
-                                enable_auto_commit=False, isolation_level="read_committed")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+    )
     await consumer.start()
     try:
         await consumer._client.add_topic(topic)  # track its metadata without subscribing
@@ -140,8 +165,9 @@ async def read_output(bootstrap: str, topic: str) -> list[str]:
         ids: list[str] = []
         while True:
             positions = [await consumer.position(tp) for tp in partitions]
-            if all(position >= ends[tp] for position, tp in zip(positions, partitions,
-                                                                  strict=True)):
+            if all(
+                position >= ends[tp] for position, tp in zip(positions, partitions, strict=True)
+            ):
                 return ids
             for messages in (await consumer.getmany(timeout_ms=500)).values():
                 ids.extend(dict(m.headers)["ce_id"].decode() for m in messages)
@@ -155,8 +181,9 @@ def metric(port: str, name: str) -> float:
             text = response.read().decode()
     except OSError:
         return 0.0
-    return sum(float(line.rpartition(" ")[2]) for line in text.splitlines()
-               if line.startswith(name))
+    return sum(
+        float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(name)
+    )
 
 
 def run_once(bootstrap: str, guarantee: str, args: argparse.Namespace, workdir: Path) -> Run:
@@ -170,19 +197,26 @@ def run_once(bootstrap: str, guarantee: str, args: argparse.Namespace, workdir: 
         f'[[instances]]\nname = "default"\ntopic = "{output}"\n'
         f'stale_topic = "chaos-stale-{suffix}"\n'
     )
-    env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "STREAMS_CONFIG": str(config),
-           "STREAMS_DATA_DIR": str(workdir / f"state-{guarantee}"),
-           "STREAMS_WEB_PORT": str(random.Random().randrange(20000, 30000)),
-           # Static membership: the restarted worker takes its partitions back at once.
-           "STREAMS_GROUP_INSTANCE_ID": f"{app_id}-worker-0"}
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "STREAMS_CONFIG": str(config),
+        "STREAMS_DATA_DIR": str(workdir / f"state-{guarantee}"),
+        "STREAMS_WEB_PORT": str(random.Random().randrange(20000, 30000)),
+        # Static membership: the restarted worker takes its partitions back at once.
+        "STREAMS_GROUP_INSTANCE_ID": f"{app_id}-worker-0",
+    }
     if args.window:
         env["STREAMS_FAILPOINT"] = f"after-output:{random.Random(args.seed).randint(2, 4)}"
     worker = WorkerProcess(env, workdir / f"{guarantee}.log")
     result = Run(guarantee, sent=args.deliveries)
     worker.start()
     worker.wait_ready()
-    producer = threading.Thread(target=produce_steadily, daemon=True, args=(
-        bootstrap, raw_topic, args.deliveries, args.rate, args.keys))
+    producer = threading.Thread(
+        target=produce_steadily,
+        daemon=True,
+        args=(bootstrap, raw_topic, args.deliveries, args.rate, args.keys),
+    )
     producer.start()
     chooser = random.Random(args.seed)
     try:
@@ -198,7 +232,8 @@ def run_once(bootstrap: str, guarantee: str, args: argparse.Namespace, workdir: 
             killed_at = time.monotonic()
             last_kill = kill == args.kills - 1
             worker.env["STREAMS_FAILPOINT"] = (
-                "" if last_kill or not args.window else f"after-output:{chooser.randint(1, 4)}")
+                "" if last_kill or not args.window else f"after-output:{chooser.randint(1, 4)}"
+            )
             worker.start()
             worker.wait_ready()
             result.kills.append(time.monotonic() - killed_at)
@@ -207,7 +242,8 @@ def run_once(bootstrap: str, guarantee: str, args: argparse.Namespace, workdir: 
         last, unchanged_since = -1.0, time.monotonic()
         while time.monotonic() - unchanged_since < 15:
             done = metric(port, "storage_events_emitted_total") + metric(
-                port, "storage_events_duplicates_total")
+                port, "storage_events_duplicates_total"
+            )
             if done != last:
                 last, unchanged_since = done, time.monotonic()
             time.sleep(0.5)
@@ -223,32 +259,42 @@ def run_once(bootstrap: str, guarantee: str, args: argparse.Namespace, workdir: 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--guarantee", choices=["at_least_once", "exactly_once", "both"],
-                        default="both")
+    parser.add_argument(
+        "--guarantee", choices=["at_least_once", "exactly_once", "both"], default="both"
+    )
     parser.add_argument("--deliveries", type=int, default=30_000)
     parser.add_argument("--rate", type=float, default=3000.0, help="deliveries per second")
     parser.add_argument("--keys", type=int, default=2000, help="distinct object keys")
     parser.add_argument("--kills", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--window", action="store_true",
-                        help="kill exactly between a batch's output and its commit "
-                             "(STREAMS_FAILPOINT=after-output) instead of at random moments")
+    parser.add_argument(
+        "--window",
+        action="store_true",
+        help="kill exactly between a batch's output and its commit "
+        "(STREAMS_FAILPOINT=after-output) instead of at random moments",
+    )
     args = parser.parse_args()
     bootstrap = bootstrap_servers()
-    guarantees = ["at_least_once", "exactly_once"] if args.guarantee == "both" else [
-        args.guarantee]
+    guarantees = ["at_least_once", "exactly_once"] if args.guarantee == "both" else [args.guarantee]
     rows = []
     with tempfile.TemporaryDirectory(prefix="crash-recovery-") as tmp:
         for guarantee in guarantees:
-            print(f"# {guarantee}: {args.deliveries} distinct changes at {args.rate:.0f}/s, "
-                  f"{args.kills} SIGKILLs ...", flush=True)
+            print(
+                f"# {guarantee}: {args.deliveries} distinct changes at {args.rate:.0f}/s, "
+                f"{args.kills} SIGKILLs ...",
+                flush=True,
+            )
             rows.append(run_once(bootstrap, guarantee, args, Path(tmp)))
-    print(f"{'guarantee':<15}{'sent':>8}{'emitted':>9}{'distinct':>9}{'lost':>6}"
-          f"{'duplicates':>11}  recovery after each kill (s)")
+    print(
+        f"{'guarantee':<15}{'sent':>8}{'emitted':>9}{'distinct':>9}{'lost':>6}"
+        f"{'duplicates':>11}  recovery after each kill (s)"
+    )
     for row in rows:
         recovery = " ".join(f"{seconds:.1f}" for seconds in row.kills)
-        print(f"{row.guarantee:<15}{row.sent:>8}{row.emitted_total:>9}{row.emitted_distinct:>9}"
-              f"{row.lost:>6}{row.emitted_total - row.emitted_distinct:>11}  {recovery}")
+        print(
+            f"{row.guarantee:<15}{row.sent:>8}{row.emitted_total:>9}{row.emitted_distinct:>9}"
+            f"{row.lost:>6}{row.emitted_total - row.emitted_distinct:>11}  {recovery}"
+        )
     return 1 if any(row.lost for row in rows) else 0
 
 

@@ -32,6 +32,7 @@ from streams.records import (
     dead_letter_record,
     output_record,
     parse_keyed_value,
+    partition_key,
     stale_record,
 )
 
@@ -75,8 +76,9 @@ def seen_key(instance: str, event_id: str) -> bytes:
     return f"{instance}/{event_id}".encode()
 
 
-def mark_key(instance: str, key: str) -> bytes:
-    return f"{instance}/{key}".encode()
+def mark_key(instance: str, event: FileEvent) -> bytes:
+    """Ordering state is per object: (instance, bucket, key), like the repartition key."""
+    return partition_key(instance, event.bucket, event.key)
 
 
 def encode_expiry(expires_at: float) -> bytes:
@@ -109,6 +111,7 @@ def plan_batch(
         plan.write(table, partition, key, value)
 
     for item in inputs:
+        instance_name = "?"
         try:
             instance_name, event = parse_keyed_value(item.value)
             instance = instances[instance_name]
@@ -120,7 +123,7 @@ def plan_batch(
             plan.outputs.append(
                 dead_letter_record(settings.stream.dead_letter_topic, raw, item.key, reason, "emit")
             )
-            plan.outcomes[("?", "dead_letter")] += 1
+            plan.outcomes[(instance_name, "dead_letter")] += 1
             continue
 
         id_key = seen_key(instance.name, event.id)
@@ -130,9 +133,9 @@ def plan_batch(
             continue
         record(SEEN, item.partition, id_key, encode_expiry(now + instance.dedupe_ttl))
 
-        key_key = mark_key(instance.name, event.key)
+        key_key = mark_key(instance.name, event)
         stored = lookup(MARKS, item.partition, key_key)
-        last = Mark.from_json(json.loads(stored)) if stored is not None else None
+        last = _read_mark(stored)
         stale_reason = staleness(event, last)
         if stale_reason is not None:
             plan.outputs.append(
@@ -148,6 +151,17 @@ def plan_batch(
         if received_at:
             plan.received_at.append((instance.name, received_at))
     return plan
+
+
+def _read_mark(stored: bytes | None) -> Mark | None:
+    """The stored mark; an unreadable one counts as none (unknown order passes)."""
+    if stored is None:
+        return None
+    try:
+        data = json.loads(stored)
+        return Mark.from_json(data) if isinstance(data, dict) else None
+    except (ValueError, TypeError):
+        return None
 
 
 def _version_only(event: FileEvent) -> bool:

@@ -4,8 +4,8 @@
   with `0` before a string comparison (what AWS documents today; see PROVIDERS.md §1). AWS
   promises the order only for events of one key, which is all this module compares.
 * Azure: `data.sequencer` compared as a byte-wise string (fixed-width hex).
-* GCS: (generation, metageneration), then `created` before `deleted` of the same generation
-  (a generation's delete or archive always follows its finalize).
+* GCS: generation, then `created` before `deleted` of the same generation (a generation's
+  delete or archive always follows its finalize), then metageneration.
 * Everything else, or a pair whose tokens are of different kinds: the provider's event time.
 
 Two events that compare equal, or whose order is unknown (no token, no time), both pass.
@@ -87,7 +87,7 @@ def order_token(event: FileEvent) -> tuple[str, tuple[Any, ...]] | None:
         if generation is None:
             return None
         metageneration = _int((event.raw or {}).get("metageneration")) or 0
-        return "gcs-generation", (generation, metageneration, TYPE_RANK[event.type])
+        return "gcs-generation", (generation, TYPE_RANK[event.type], metageneration)
     return None
 
 

@@ -3,7 +3,7 @@
 * Raw record (bridges -> `files.raw`): value = the provider's bytes exactly as delivered;
   headers `source`, optional `transport`, `delivery-id`, `received-at`,
   `header.<lower-case http header>`, `attribute.<pub/sub attribute>`; key free.
-* Keyed record (normalize -> repartition topic): key = `<instance>/<key>` so that every copy
+* Keyed record (normalize -> repartition topic): key = `<instance>/<bucket>/<key>` so every copy
   of one change and every change of one key land on one partition; value = JSON
   `{"instance": ..., "event": {...}}`.
 * Output record (-> `files.events.<instance>`): key = the caller-facing key, value = the
@@ -73,9 +73,13 @@ def delivery_from_raw(record: RawRecord, default_source: str | None) -> Delivery
     return Delivery(source=source, body=record.value, headers=headers, attributes=attributes)
 
 
-def partition_key(instance: str, key: str) -> bytes:
-    """The repartition key: one partition per (instance, object key)."""
-    return f"{instance}/{key}".encode()
+def partition_key(instance: str, bucket: str | None, key: str) -> bytes:
+    """The repartition key: one partition per (instance, bucket, object key).
+
+    The bucket is part of it because an instance may take every bucket, where one key can
+    name two different objects. Bucket names cannot hold a `/`.
+    """
+    return f"{instance}/{bucket or ''}/{key}".encode()
 
 
 def keyed_record(
@@ -87,7 +91,7 @@ def keyed_record(
         separators=(",", ":"),
     ).encode()
     headers: Headers = (("received-at", received_at),) if received_at else ()
-    return OutRecord(topic, partition_key(instance, event.key), value, headers)
+    return OutRecord(topic, partition_key(instance, event.bucket, event.key), value, headers)
 
 
 def parse_keyed_value(value: bytes) -> tuple[str, FileEvent]:

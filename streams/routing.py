@@ -6,6 +6,7 @@ the reason); every event an instance does not keep is counted by reason.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -19,6 +20,8 @@ from streams.records import (
     keyed_record,
 )
 from streams.rules import Filtered, apply_instance
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -37,12 +40,17 @@ def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
     defaults = {topic.name: topic.default_source for topic in settings.stream.raw_topics}
     delivery = delivery_from_raw(record, defaults.get(record.topic))
     routed = Routed()
+    reason: str | None = None
     try:
         if not delivery.source:
             raise MalformedDelivery("no `source` header and the topic has no default source")
         events = normalize(delivery)
     except MalformedDelivery as exc:
         reason = f"{delivery.source or '?'}: {exc}"
+    except Exception as exc:  # a normalizer bug must not stop the stream on one delivery
+        log.exception("normalizer %s failed on a delivery", delivery.source)
+        reason = f"{delivery.source}: internal error {type(exc).__name__}: {exc}"
+    if reason is not None:
         routed.dead_letter_reason = reason
         routed.records.append(
             dead_letter_record(settings.stream.dead_letter_topic, record, key, reason, "normalize")

@@ -22,10 +22,11 @@ def stored_keys(data_dir: Path, table: str) -> set[bytes]:
     assert paths, f"no RocksDB database of table {table} under {data_dir}"
     for path in paths:
         options = rocksdict.Options(raw_mode=True)
-        db = rocksdict.Rdict(str(path), options=options,
-                             access_type=rocksdict.AccessType.read_only())
+        db = rocksdict.Rdict(
+            str(path), options=options, access_type=rocksdict.AccessType.read_only()
+        )
         try:
-            keys.update(key for key in db.keys() if not key.startswith(b"__faust"))
+            keys.update(key for key in db.keys() if not key.startswith(b"__faust"))  # noqa: SIM118
         finally:
             db.close()
     return keys
@@ -55,8 +56,14 @@ def test_a_redelivery_after_a_restart_with_restored_state_is_still_dropped(
     second = Worker(kafka_bootstrap, config, tmp_path / "second").start()
     try:
         sentinel = s3_body(s3_record(key, "0055AED6DCD90281F0"))
-        asyncio.run(produce(kafka_bootstrap, names.raw, [raw(change, "s3"), raw(sentinel, "s3")],
-                            key=key.encode()))
+        asyncio.run(
+            produce(
+                kafka_bootstrap,
+                names.raw,
+                [raw(change, "s3"), raw(sentinel, "s3")],
+                key=key.encode(),
+            )
+        )
         second.wait_metric("storage_events_emitted_total", 1)
         assert second.wait_metric("storage_events_duplicates_total", 1) == 1
     finally:
@@ -68,16 +75,20 @@ def test_ids_past_their_ttl_are_forgotten_locally_and_in_the_changelog(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     names = Topology()
-    config = names.config([{"name": "default", "dedupe_ttl": "4s"}],
-                          extra="dedupe_sweep_interval_s = 0.5")
+    config = names.config(
+        [{"name": "default", "dedupe_ttl": "4s"}], extra="dedupe_sweep_interval_s = 0.5"
+    )
     key = f"ttl/{uuid.uuid4().hex[:8]}"
     change = s3_body(s3_record(key, "0055AED6DCD90281E5"))
     output = names.output("default")
 
     first = Worker(kafka_bootstrap, config, tmp_path / "first").start()
     try:
-        asyncio.run(produce(kafka_bootstrap, names.raw, [raw(change, "s3"), raw(change, "s3")],
-                            key=key.encode()))
+        asyncio.run(
+            produce(
+                kafka_bootstrap, names.raw, [raw(change, "s3"), raw(change, "s3")], key=key.encode()
+            )
+        )
         first.wait_metric("storage_events_emitted_total", 1)
         first.wait_metric("storage_events_duplicates_total", 1)  # within the TTL
         first.wait_metric("storage_events_dedupe_expired_total", 1, timeout_s=30)

@@ -12,7 +12,6 @@ import asyncio
 import json
 import uuid
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import pytest
 from support.kafka_io import Header, Read, produce, raw, read_topic
@@ -57,7 +56,8 @@ class Stream:
     def wait_for_event(self, instance: str, key: str, sequencer: str) -> None:
         wait_for(
             lambda: any(event["sequencer"] == sequencer for event in self.events(instance, key)),
-            60, f"{key} {sequencer} on {instance}'s output",
+            60,
+            f"{key} {sequencer} on {instance}'s output",
             interval_s=0.3,
         )
 
@@ -65,8 +65,9 @@ class Stream:
 @pytest.fixture(scope="module")
 def stream(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stream]:
     names = Topology()
-    worker = Worker(kafka_bootstrap, names.config(INSTANCES),
-                    tmp_path_factory.mktemp("stream-worker")).start()
+    worker = Worker(
+        kafka_bootstrap, names.config(INSTANCES), tmp_path_factory.mktemp("stream-worker")
+    ).start()
     try:
         yield Stream(kafka_bootstrap, names, worker)
     finally:
@@ -84,28 +85,35 @@ def test_one_change_delivered_many_ways_comes_out_once(stream: Stream) -> None:
     sentinel = s3_body(s3_record(encoded, "0055AED6DCD90281F9"))
     resource = gcs_resource(unique("gcs/obj"), "1700000000000001")
     gcs_sentinel = gcs_resource(resource["name"], "1700000000000099")
-    stream.send([
-        raw(put, "s3"),                                   # S3 -> SQS
-        raw(put, "s3", transport="sqs"),                  # SQS redelivery
-        raw(sns_envelope(put, "msg-1"), "s3"),            # S3 -> SNS -> SQS
-        raw(sns_envelope(put, "msg-2"), "s3"),            # ... redelivered with a new id
-        raw(sentinel, "s3"),
-    ], raw_key=key)
-    stream.send([
-        gcs_pull(resource, "OBJECT_FINALIZE"),
-        gcs_push(resource, "OBJECT_FINALIZE", "111"),
-        gcs_push(resource, "OBJECT_FINALIZE", "222"),
-        gcs_pull(gcs_sentinel, "OBJECT_FINALIZE"),
-    ], raw_key=resource["name"])
+    stream.send(
+        [
+            raw(put, "s3"),  # S3 -> SQS
+            raw(put, "s3", transport="sqs"),  # SQS redelivery
+            raw(sns_envelope(put, "msg-1"), "s3"),  # S3 -> SNS -> SQS
+            raw(sns_envelope(put, "msg-2"), "s3"),  # ... redelivered with a new id
+            raw(sentinel, "s3"),
+        ],
+        raw_key=key,
+    )
+    stream.send(
+        [
+            gcs_pull(resource, "OBJECT_FINALIZE"),
+            gcs_push(resource, "OBJECT_FINALIZE", "111"),
+            gcs_push(resource, "OBJECT_FINALIZE", "222"),
+            gcs_pull(gcs_sentinel, "OBJECT_FINALIZE"),
+        ],
+        raw_key=resource["name"],
+    )
 
     stream.wait_for_event("default", key, "0055AED6DCD90281F9")
     stream.wait_for_event("default", resource["name"], "1700000000000099")
     s3_events = stream.events(key=key)
-    assert [event["sequencer"] for event in s3_events] == ["0055AED6DCD90281E5",
-                                                           "0055AED6DCD90281F9"]
+    assert [event["sequencer"] for event in s3_events] == [
+        "0055AED6DCD90281E5",
+        "0055AED6DCD90281F9",
+    ]
     gcs_events = stream.events(key=resource["name"])
-    assert [event["sequencer"] for event in gcs_events] == ["1700000000000001",
-                                                            "1700000000000099"]
+    assert [event["sequencer"] for event in gcs_events] == ["1700000000000001", "1700000000000099"]
 
 
 def test_an_older_event_goes_to_the_stale_topic_not_the_output(stream: Stream) -> None:
@@ -122,12 +130,22 @@ def test_an_older_event_goes_to_the_stale_topic_not_the_output(stream: Stream) -
     gcs_old = gcs_resource(gcs_name, "1700000000000100")
     gcs_sentinel = gcs_resource(gcs_name, "1700000000000300")
 
-    stream.send([raw(newer_delete, "s3"), raw(older_create, "s3"), raw(longer_sentinel, "s3")],
-                raw_key=s3_key)
-    stream.send([raw(json.dumps([event]), "azure") for event in (newer, older, azure_sentinel)],
-                raw_key=azure_key)
-    stream.send([gcs_pull(gcs_new, "OBJECT_FINALIZE"), gcs_pull(gcs_old, "OBJECT_FINALIZE"),
-                 gcs_pull(gcs_sentinel, "OBJECT_FINALIZE")], raw_key=gcs_name)
+    stream.send(
+        [raw(newer_delete, "s3"), raw(older_create, "s3"), raw(longer_sentinel, "s3")],
+        raw_key=s3_key,
+    )
+    stream.send(
+        [raw(json.dumps([event]), "azure") for event in (newer, older, azure_sentinel)],
+        raw_key=azure_key,
+    )
+    stream.send(
+        [
+            gcs_pull(gcs_new, "OBJECT_FINALIZE"),
+            gcs_pull(gcs_old, "OBJECT_FINALIZE"),
+            gcs_pull(gcs_sentinel, "OBJECT_FINALIZE"),
+        ],
+        raw_key=gcs_name,
+    )
 
     stream.wait_for_event("default", s3_key, "0055AED6DCD902820001")
     stream.wait_for_event("default", azure_key, "0000000000000442000000000002897A")
@@ -135,15 +153,19 @@ def test_an_older_event_goes_to_the_stale_topic_not_the_output(stream: Stream) -
 
     s3_out = stream.events(key=s3_key)
     assert [(e["type"], e["sequencer"]) for e in s3_out] == [
-        ("deleted", "0055AED6DCD9028200"), ("created", "0055AED6DCD902820001")]
+        ("deleted", "0055AED6DCD9028200"),
+        ("created", "0055AED6DCD902820001"),
+    ]
     azure_out = stream.events(key=azure_key)
     assert [e["id"] for e in azure_out] == [newer["id"], azure_sentinel["id"]]
     gcs_out = stream.events(key=gcs_name)
     assert [e["sequencer"] for e in gcs_out] == ["1700000000000200", "1700000000000300"]
 
-    for key, stale_sequencer in ((s3_key, "0055AED6DCD90281E5"),
-                                 (azure_key, "00000000000004420000000000028963"),
-                                 (gcs_name, "1700000000000100")):
+    for key, stale_sequencer in (
+        (s3_key, "0055AED6DCD90281E5"),
+        (azure_key, "00000000000004420000000000028963"),
+        (gcs_name, "1700000000000100"),
+    ):
         stale = stream.stale(key=key)
         assert [read.json()["sequencer"] for read in stale] == [stale_sequencer]
         assert b"older" in stale[0].headers["stale.reason"]
@@ -151,17 +173,26 @@ def test_an_older_event_goes_to_the_stale_topic_not_the_output(stream: Stream) -
 
 def test_tenants_on_one_bucket_see_only_their_own_keys(stream: Stream) -> None:
     tag = uuid.uuid4().hex[:8]
-    keys = [f"tenant-a/{tag}/a.txt", f"tenant-b/{tag}/b.txt", f"tenant-ab/{tag}/ab.txt",
-            f"tenant-a{tag}.txt"]
-    records = [s3_record(key, f"00{index}0000000000000001", bucket="shared")
-               for index, key in enumerate(keys)]
+    keys = [
+        f"tenant-a/{tag}/a.txt",
+        f"tenant-b/{tag}/b.txt",
+        f"tenant-ab/{tag}/ab.txt",
+        f"tenant-a{tag}.txt",
+    ]
+    records = [
+        s3_record(key, f"00{index}0000000000000001", bucket="shared")
+        for index, key in enumerate(keys)
+    ]
     other_bucket = s3_record(f"tenant-a/{tag}/other-bucket.txt", "0099", bucket="elsewhere")
-    sentinels = [s3_record(f"tenant-{name}/{tag}/zz-sentinel", "0100", bucket="shared")
-                 for name in ("a", "b")]
+    sentinels = [
+        s3_record(f"tenant-{name}/{tag}/zz-sentinel", "0100", bucket="shared")
+        for name in ("a", "b")
+    ]
     stream.send([raw(s3_body(*records, other_bucket, *sentinels), "s3")], raw_key=tag)
 
     stream.wait_for_event("tenant-a", f"{tag}/zz-sentinel", "0100")
     stream.wait_for_event("tenant-b", f"{tag}/zz-sentinel", "0100")
+
     # Keys of one delivery spread over partitions: wait for each tenant's own keys, then
     # compare the whole set (a leaked key would have been emitted in the same batch).
     def keys_of(instance: str) -> set[str]:
@@ -173,18 +204,28 @@ def test_tenants_on_one_bucket_see_only_their_own_keys(stream: Stream) -> None:
     assert keys_of("tenant-b") == {f"{tag}/b.txt", f"{tag}/zz-sentinel"}
     default_keys = {str(e["key"]) for e in stream.events("default") if tag in str(e["key"])}
     assert f"tenant-ab/{tag}/ab.txt" in default_keys  # every bucket, no prefix
-    assert stream.worker.metric("storage_events_filtered_total", instance="tenant-a",
-                                reason="bucket") >= 1
-    assert stream.worker.metric("storage_events_filtered_total", instance="tenant-a",
-                                reason="prefix") >= 4
+    assert (
+        stream.worker.metric("storage_events_filtered_total", instance="tenant-a", reason="bucket")
+        >= 1
+    )
+    assert (
+        stream.worker.metric("storage_events_filtered_total", instance="tenant-a", reason="prefix")
+        >= 4
+    )
 
 
 def test_a_malformed_delivery_is_dead_lettered_and_the_stream_goes_on(stream: Stream) -> None:
     key = unique("after/bad")
     garbage = b"\x00\xffnot json at all" + uuid.uuid4().bytes
     good = s3_body(s3_record(key, "0055AED6DCD90281E5"))
-    stream.send([(garbage, [("source", b"s3"), ("delivery-id", b"d-1")]),
-                 raw(b"{}", "no-such-source"), raw(good, "s3")], raw_key=key)
+    stream.send(
+        [
+            (garbage, [("source", b"s3"), ("delivery-id", b"d-1")]),
+            raw(b"{}", "no-such-source"),
+            raw(good, "s3"),
+        ],
+        raw_key=key,
+    )
 
     stream.wait_for_event("default", key, "0055AED6DCD90281E5")
     dead = stream.read(stream.names.dead_letter)

@@ -196,7 +196,7 @@ def test_equal_azure_sequencers_pass() -> None:
 def test_gcs_token() -> None:
     assert order_token(gcs("1587627537231057", "2", "deleted")) == (
         "gcs-generation",
-        (1587627537231057, 2, 1),
+        (1587627537231057, 1, 2),  # generation, deleted after created, metageneration
     )
 
 
@@ -329,7 +329,7 @@ def test_mark_json_shape() -> None:
     emitted = event("gcs", "5", id="gcs:abc", type="deleted", raw={"metageneration": "2"})
     assert mark_for(emitted).to_json() == {
         "kind": "gcs-generation",
-        "token": [5, 2, 1],
+        "token": [5, 1, 2],
         "time": T0.timestamp(),
         "id": "gcs:abc",
         "type": "deleted",

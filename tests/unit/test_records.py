@@ -74,8 +74,11 @@ def test_undecodable_and_null_header_values_do_not_raise() -> None:
 def test_keyed_record_round_trip() -> None:
     event = FileEvent(id="x:1", type="created", key="a b/\u00e9.txt", provider="s3", raw={"n": 1})
     record = keyed_record("by-key", "tenant-a", event, b"17")
-    assert (record.topic, record.key) == ("by-key", "tenant-a/a b/\u00e9.txt".encode())
-    assert record.key == partition_key("tenant-a", event.key)
+    assert (record.topic, record.key) == (
+        "by-key",
+        "tenant-a//a b/\u00e9.txt".encode(),
+    )  # no bucket
+    assert record.key == partition_key("tenant-a", event.bucket, event.key)
     assert record.headers == (("received-at", b"17"),)
     assert record.value is not None
     assert json.loads(record.value)["instance"] == "tenant-a"

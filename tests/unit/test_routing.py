@@ -74,8 +74,8 @@ def test_events_fan_out_per_instance_with_the_repartition_key() -> None:
     record = raw(s3_body(s3_record("tenant-a/photos/red+flower.jpg")), source=b"s3")
     routed = route(record, b"any", SETTINGS)
     assert keyed(routed.records) == [
-        (b"tenant-a/photos/red flower.jpg", "tenant-a", "photos/red flower.jpg"),
-        (b"all/tenant-a/photos/red flower.jpg", "all", "tenant-a/photos/red flower.jpg"),
+        (b"tenant-a/uploads/photos/red flower.jpg", "tenant-a", "photos/red flower.jpg"),
+        (b"all/uploads/tenant-a/photos/red flower.jpg", "all", "tenant-a/photos/red flower.jpg"),
     ]
     assert routed.events == 1
     assert routed.filtered == Counter()
@@ -214,7 +214,7 @@ MINIO_BODY = json.dumps(
 def test_default_source_applies_without_a_source_header() -> None:
     routed = route(raw(MINIO_BODY, topic="minio.events"), None, SETTINGS)
     # bucket "images" is not tenant-a's: only the all-buckets instance keeps it.
-    assert keyed(routed.records) == [(b"all/tenant-a/a+b.jpg", "all", "tenant-a/a+b.jpg")]
+    assert keyed(routed.records) == [(b"all/images/tenant-a/a+b.jpg", "all", "tenant-a/a+b.jpg")]
     assert routed.filtered == Counter({("tenant-a", "bucket"): 1})
     value = routed.records[0].value
     assert value is not None
