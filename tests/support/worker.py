@@ -134,7 +134,11 @@ class Worker:
             stderr=subprocess.STDOUT,
         )
         if wait_ready:
-            self.wait_ready(timeout_s)
+            try:
+                self.wait_ready(timeout_s)
+            except BaseException:
+                self.kill()  # never leave a half-started worker behind a failed test
+                raise
         return self
 
     def _get(self, path: str) -> tuple[int, str] | None:
