@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install kafka kafka-stop kafka-fetch run test test-fast tail lint format bench clean
 
-install: $(STAMP)
+install: $(STAMP) node_modules/.installed
 
 # Re-installs only when pyproject.toml changed: a second `make install` does nothing slow.
 $(STAMP): pyproject.toml
@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	@touch $(STAMP)
+
+# Emulators the tests start (Azurite), from the npm registry, pinned by package-lock.json.
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	@touch node_modules/.installed
 
 kafka:
 	@$(PYTHON) dev/kafka/localkafka.py start

@@ -1,22 +1,33 @@
-"""`python -m connectors <bridge>`: run a bridge.
+"""`python -m connectors <bridge> [options]`: run a bridge.
 
-webhook   the HTTP server for push providers (see connectors.webhook)
+Each bridge module defines `COMMAND` (a `connectors.command.BridgeCommand`); adding a bridge
+means adding its module and one line in `BRIDGES`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 
+from connectors.command import BridgeCommand
 from streams.config import ConfigError, load_settings
+
+BRIDGES = {
+    "webhook": "connectors.webhook",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m connectors")
+    parser.add_argument("--config", help="config file (default: $STREAMS_CONFIG)")
     commands = parser.add_subparsers(dest="command", required=True)
-    webhook = commands.add_parser("webhook", help="HTTP server for push providers")
-    webhook.add_argument("--config", help="config file (default: $STREAMS_CONFIG)")
+    for name, module_name in BRIDGES.items():
+        command: BridgeCommand = importlib.import_module(module_name).COMMAND
+        sub = commands.add_parser(name, help=command.help)
+        command.add_arguments(sub)
+        sub.set_defaults(bridge=command)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
@@ -27,11 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"connectors: {exc}", file=sys.stderr)
         return 2
-    if args.command == "webhook":
-        from connectors.webhook import serve
-
-        serve(settings)
-    return 0
+    code: int = args.bridge.run(args, settings)
+    return code
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ local development (logged as a warning at start-up). Any other source answers 40
 
 from __future__ import annotations
 
+import argparse
 import hmac
 import logging
 import os
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
+from connectors.command import BridgeCommand
 from connectors.publisher import PublishFailed, RawPublisher, raw_headers
 from streams.config import Settings, WebhookConfig
 from streams.normalizers import SOURCES
@@ -145,6 +147,7 @@ def create_app(
 
 
 def serve(settings: Settings) -> None:
+    """Run the webhook server until SIGINT/SIGTERM; in-flight requests finish first."""
     config = settings.webhook
     publisher = RawPublisher(
         settings.kafka.bootstrap_servers, config.raw_topic, config.publish_timeout_s
@@ -158,3 +161,15 @@ def serve(settings: Settings) -> None:
         ", ".join(f"/hooks/{source}" for source in routes) or "none",
     )
     web.run_app(app, host=config.host, port=config.port, print=None, shutdown_timeout=30)
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The webhook bridge takes everything from the configuration ([webhook])."""
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    serve(settings)
+    return 0
+
+
+COMMAND = BridgeCommand("HTTP server for push providers", _add_arguments, _run)
