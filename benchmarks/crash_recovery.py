@@ -93,7 +93,7 @@ class WorkerProcess:
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [str(FAUST), "-A", "streams", "worker", "-l", "warn"],
+                [str(FAUST), "-A", "streams", "worker", "-l", "info"],
                 cwd=ROOT,
                 env=self.env,
                 stdout=out,

@@ -95,12 +95,12 @@ def topology(settings: Settings) -> list[TopicSpec]:
 
 
 async def ensure_topics(
-    bootstrap_servers: str, specs: list[TopicSpec], retry_for_s: float = 300.0
+    bootstrap_servers: str, specs: list[TopicSpec], retry_for_s: float | None = None
 ) -> list[str]:
     """Create the topics that do not exist yet; return their names.
 
-    Retries while the broker is unreachable, so a worker started before its broker waits
-    for it instead of failing.
+    Retries while the broker is unreachable (for `retry_for_s`, or forever when None), so a
+    worker started before its broker waits for it instead of failing.
     """
     delay, waited = 0.5, 0.0
     while True:
@@ -126,13 +126,13 @@ async def ensure_topics(
                     )
             return [spec.name for spec in missing]
         except KafkaConnectionError as exc:
-            if waited >= retry_for_s:
+            if retry_for_s is not None and waited >= retry_for_s:
                 raise
             log.warning(
                 "Kafka at %s not reachable (%s); retrying in %.1f s", bootstrap_servers, exc, delay
             )
         except KafkaError as exc:
-            if waited >= retry_for_s:
+            if retry_for_s is not None and waited >= retry_for_s:
                 raise
             log.warning("creating topics failed (%r); retrying in %.1f s", exc, delay)
         finally:
