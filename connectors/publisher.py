@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from streams.topics import RAW_MAX_MESSAGE_BYTES
+
 log = logging.getLogger(__name__)
 
 # Never forwarded as `header.*`: they carry the credentials that admitted the delivery.
@@ -61,6 +63,7 @@ class RawPublisher:
                 bootstrap_servers=self.bootstrap_servers,
                 client_id="storage-events-bridge",
                 acks="all",
+                max_request_size=RAW_MAX_MESSAGE_BYTES,
                 enable_idempotence=True,
                 linger_ms=2,
                 request_timeout_ms=int(self.timeout_s * 1000),

@@ -32,7 +32,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -223,23 +223,274 @@ class StreamConfig(_Strict):
 
 
 class WebhookRouteConfig(_Strict):
-    """One push source's route. Without a secret and without `insecure` the route is off."""
+    """One push source's route, `[webhook.routes.<source>]`.
 
-    token_env: str | None = None
-    """Name of the environment variable holding the shared bearer token (never the value)."""
+    A route is on when its credentials are configured (for most sources the environment
+    variable named by `secret_env` must be set; `s3` needs `topic_arns`; `gcs` needs
+    `audience` + `service_account` or a shared token), or when it is `insecure`. Otherwise it
+    answers 404. Secrets are never written here: only the NAMES of the environment variables
+    that hold them. Each setting applies to the sources listed in its description; setting it
+    on another source's route is a configuration error.
+    """
+
+    SOURCE_FIELDS: ClassVar[dict[str, frozenset[str]]] = {
+        "s3": frozenset(
+            {
+                "topic_arns",
+                "confirm_subscriptions",
+                "certificate_files",
+                "trusted_ca_file",
+                "certificate_cache_s",
+            }
+        ),
+        "eventbridge": frozenset(
+            {"secret_env", "token_env", "auth", "secret_header", "basic_username"}
+        ),
+        "gcs": frozenset(
+            {
+                "secret_env",
+                "token_env",
+                "secret_query_param",
+                "audience",
+                "service_account",
+                "issuers",
+                "jwks_url",
+                "jwks_file",
+                "jwt_leeway_s",
+            }
+        ),
+        "azure": frozenset(
+            {
+                "secret_env",
+                "token_env",
+                "secret_query_param",
+                "secret_header",
+                "allowed_origins",
+                "allowed_rate",
+            }
+        ),
+        "minio": frozenset({"secret_env", "token_env"}),
+        "supabase": frozenset({"secret_env", "token_env", "secret_header"}),
+        "b2": frozenset({"secret_env", "token_env"}),
+        "box": frozenset({"secret_env", "token_env", "secondary_secret_env", "replay_window_s"}),
+        "cloudinary": frozenset(
+            {"secret_env", "token_env", "signature_algorithm", "replay_window_s"}
+        ),
+        "appwrite": frozenset({"secret_env", "token_env", "url"}),
+    }
+    """Which settings each source's route takes (`insecure` applies to every source)."""
+    SNS_HOST: ClassVar[re.Pattern[str]] = re.compile(
+        r"^sns\.[a-z0-9]([a-z0-9-]*[a-z0-9])?\.amazonaws\.com(\.cn)?$"
+    )
+    """Amazon SNS endpoints: `sns.<region>.amazonaws.com` (`.com.cn` in the China regions)."""
+    DEFAULT_REPLAY_WINDOW_S: ClassVar[dict[str, float]] = {"box": 600.0, "cloudinary": 7200.0}
+    """Box documents 10 minutes; Cloudinary's SDKs default `valid_for` to 7200 s."""
+    DEFAULT_QUERY_PARAM: ClassVar[dict[str, str]] = {"azure": "code", "gcs": "token"}
+
     insecure: bool = False
-    """Accept unauthenticated deliveries: local development only; logged as a warning."""
+    """Every source. Accept deliveries WITHOUT authentication: local development only, logged
+    as a warning at start-up, ignored (with a warning) when the route has credentials. Azure
+    handshakes are still answered."""
+    secret_env: str | None = None
+    """Name of the environment variable holding the route's secret: MinIO `auth_token`,
+    EventBridge API key value or basic-auth password, GCS shared push token, Azure shared
+    secret, Supabase header value, B2 rule `hmacSha256SigningSecret`, Box primary signature
+    key, Cloudinary API secret (or notification key), Appwrite webhook signature key."""
+    token_env: str | None = None
+    """Older name of `secret_env` (same meaning); set one of them, not both."""
+    secondary_secret_env: str | None = None
+    """box: name of the environment variable holding the secondary signature key."""
+    secret_header: str | None = None
+    """eventbridge (`auth = "api_key"`): the connection's API key name (header); supabase: the
+    header configured on the Database Webhook (required with a secret); azure: a delivery
+    header carrying the secret instead of the query parameter. Never forwarded to Kafka."""
+    secret_query_param: str | None = None
+    """azure (default `code`), gcs (default `token`): the query parameter of the endpoint URL
+    that carries the shared secret."""
+    auth: Literal["api_key", "basic"] = "api_key"
+    """eventbridge: the connection's authorization type (`API_KEY` or `BASIC`)."""
+    basic_username: str | None = None
+    """eventbridge (`auth = "basic"`): the connection's username (the password is the secret)."""
+    topic_arns: tuple[str, ...] = ()
+    """s3: the SNS topics whose messages are accepted; the route is on when this is non-empty."""
+    confirm_subscriptions: bool = True
+    """s3: confirm a verified SubscriptionConfirmation for an allowed topic by fetching its
+    `SubscribeURL`; when false the URL is only logged for a manual confirmation."""
+    certificate_files: dict[str, Path] = Field(default_factory=dict)
+    """s3: signing certificates served from files instead of fetched, `{SigningCertURL: PEM
+    file}` (air-gapped hosts, tests). URLs must be https on an SNS host."""
+    trusted_ca_file: Path | None = None
+    """s3: PEM bundle of CA certificates; when set, a signing certificate must be issued
+    directly by one of them (besides the https fetch from an SNS host)."""
+    certificate_cache_s: float = 86400.0
+    """s3: how long a signing certificate stays cached (seconds or a duration like "12h")."""
+    audience: str | None = None
+    """gcs: the audience of the push subscription's OIDC token (default in Google Cloud: the
+    push endpoint URL). With `service_account`, turns OIDC verification on."""
+    service_account: str | None = None
+    """gcs: the service account email the push subscription authenticates as."""
+    issuers: tuple[str, ...] = ("https://accounts.google.com", "accounts.google.com")
+    """gcs: accepted token issuers."""
+    jwks_url: str = "https://www.googleapis.com/oauth2/v3/certs"
+    """gcs: Google's public signing keys (JWKS), cached per the response's max-age."""
+    jwks_file: Path | None = None
+    """gcs: a JWKS file used instead of `jwks_url` (air-gapped hosts, tests)."""
+    jwt_leeway_s: float = Field(default=60.0, ge=0, le=600)
+    """gcs: clock skew tolerated on the token's `exp`/`iat`, seconds."""
+    allowed_origins: tuple[str, ...] = ("eventgrid.azure.net",)
+    """azure: `WebHook-Request-Origin` values granted in the CloudEvents OPTIONS handshake
+    (`*` grants any)."""
+    allowed_rate: str = "*"
+    """azure: `WebHook-Allowed-Rate` answered in the OPTIONS handshake (requests per minute, or
+    `*` for no limit)."""
+    signature_algorithm: Literal["sha1", "sha256"] = "sha1"
+    """cloudinary: the account's `signature_algorithm`; a signature of the other kind is
+    refused."""
+    replay_window_s: float | None = None
+    """box (default 600 s), cloudinary (default 7200 s): deliveries whose signed timestamp is
+    further than this from the bridge's clock (either way) are refused."""
+    url: str | None = None
+    """appwrite: the webhook URL exactly as registered in Appwrite (it is part of what is
+    signed); required with a secret."""
+
+    @field_validator("secret_env", "token_env", "secondary_secret_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", value):
+            raise ValueError(f"{value!r} is not an environment variable name")
+        return value
+
+    @field_validator("secret_header")
+    @classmethod
+    def _header_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$", value):
+            raise ValueError(f"{value!r} is not an HTTP header name")
+        return None if value is None else value.lower()
+
+    @field_validator("secret_query_param", "basic_username", "audience", "service_account")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty")
+        return value
+
+    @field_validator("topic_arns")
+    @classmethod
+    def _topic_arns(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arn in value:
+            if not re.match(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_.-]{1,256}$", arn):
+                raise ValueError(f"{arn!r} is not an SNS topic ARN")
+        return value
+
+    @field_validator("certificate_files")
+    @classmethod
+    def _certificate_urls(cls, value: dict[str, Path]) -> dict[str, Path]:
+        from urllib.parse import urlsplit
+
+        for url in value:
+            parts = urlsplit(url)
+            if parts.scheme != "https" or not cls.SNS_HOST.match(parts.hostname or ""):
+                raise ValueError(f"{url!r} is not an https URL on an Amazon SNS host")
+        return value
+
+    @field_validator("certificate_cache_s", mode="before")
+    @classmethod
+    def _cache_duration(cls, value: Any) -> float:
+        return parse_duration(value)
+
+    @field_validator("replay_window_s", mode="before")
+    @classmethod
+    def _window(cls, value: Any) -> float | None:
+        return None if value is None else parse_duration(value)
+
+    @field_validator("allowed_rate")
+    @classmethod
+    def _rate(cls, value: str) -> str:
+        if value != "*" and not (value.isdigit() and int(value) > 0):
+            raise ValueError("is '*' or a positive number of requests per minute")
+        return value
+
+    @field_validator("allowed_origins", "issuers")
+    @classmethod
+    def _non_empty(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value or any(not item.strip() for item in value):
+            raise ValueError("needs at least one non-empty value")
+        return value
+
+    @field_validator("url", "jwks_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value
+
+    @model_validator(mode="after")
+    def _one_secret_name(self) -> WebhookRouteConfig:
+        if self.secret_env is not None and self.token_env is not None:
+            raise ValueError("secret_env and token_env: set one of them, not both")
+        return self
+
+    @property
+    def secret_variable(self) -> str | None:
+        """The environment variable holding the route's secret, if one is configured."""
+        return self.secret_env or self.token_env
+
+    def check_for(self, source: str) -> None:
+        """Raise ValueError naming `routes.<source>.<field>` when a setting does not fit."""
+        allowed = self.SOURCE_FIELDS[source] | {"insecure"}
+        for name in sorted(self.model_fields_set - allowed):
+            raise ValueError(f"routes.{source}.{name}: not a setting of the {source} route")
+        secret = self.secret_variable is not None
+        if source == "supabase" and secret and self.secret_header is None:
+            raise ValueError(
+                "routes.supabase.secret_header: required with a secret (the header name "
+                "configured on the Database Webhook)"
+            )
+        if source == "eventbridge" and secret:
+            if self.auth == "api_key" and self.secret_header is None:
+                raise ValueError(
+                    "routes.eventbridge.secret_header: required with auth = 'api_key' (the "
+                    "connection's API key name)"
+                )
+            if self.auth == "basic" and self.basic_username is None:
+                raise ValueError("routes.eventbridge.basic_username: required with auth = 'basic'")
+        if source == "gcs" and (self.audience is None) != (self.service_account is None):
+            missing = "audience" if self.audience is None else "service_account"
+            raise ValueError(
+                f"routes.gcs.{missing}: OIDC verification needs both audience and service_account"
+            )
+        if source == "appwrite" and secret and self.url is None:
+            raise ValueError(
+                "routes.appwrite.url: required with a secret (the webhook URL exactly as "
+                "registered in Appwrite; it is part of what Appwrite signs)"
+            )
+        if source == "box" and self.secondary_secret_env is not None and not secret:
+            raise ValueError("routes.box.secondary_secret_env: needs secret_env (the primary key)")
+
+    def replay_window(self, source: str) -> float:
+        """The replay window of a timestamped source, configured or documented default."""
+        if self.replay_window_s is not None:
+            return self.replay_window_s
+        return self.DEFAULT_REPLAY_WINDOW_S[source]
+
+    def query_param(self, source: str) -> str:
+        """The query parameter carrying a shared secret, configured or default."""
+        return self.secret_query_param or self.DEFAULT_QUERY_PARAM[source]
 
 
 class WebhookConfig(_Strict):
-    """The webhook bridge (`python -m connectors webhook`)."""
+    """The webhook bridge (`python -m connectors webhook`); routes are described in the
+    docstring of `connectors.webhook`."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
     raw_topic: str = "files.raw"
     max_body_bytes: int = Field(default=1024 * 1024, ge=1)
+    """Bodies larger than this get 413 and are never published."""
     publish_timeout_s: float = Field(default=10.0, gt=0)
+    """How long a delivery waits for Kafka's acknowledgement before it is answered 503."""
     routes: dict[str, WebhookRouteConfig] = Field(default_factory=dict)
+    """`[webhook.routes.<source>]`, one per push source (see WebhookRouteConfig)."""
     insecure_sources: tuple[str, ...] = ()
     """Sources accepted without authentication (env WEBHOOK_INSECURE_SOURCES=s3,minio)."""
 
@@ -254,6 +505,20 @@ class WebhookConfig(_Strict):
         if isinstance(value, str):
             return tuple(item.strip() for item in value.split(",") if item.strip())
         return value
+
+    @model_validator(mode="after")
+    def _known_sources(self) -> WebhookConfig:
+        from streams.normalizers import SOURCES  # here: the normalizers import the models
+
+        known = ", ".join(SOURCES)
+        for source in self.insecure_sources:
+            if source not in SOURCES:
+                raise ValueError(f"insecure_sources: unknown source {source!r} (known: {known})")
+        for source, route in self.routes.items():
+            if source not in SOURCES:
+                raise ValueError(f"routes.{source}: unknown source (known: {known})")
+            route.check_for(source)
+        return self
 
 
 class Settings(_Strict):

@@ -17,6 +17,7 @@ from aiokafka.structs import RecordMetadata
 
 from streams import metrics
 from streams.records import OutRecord
+from streams.topics import RAW_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class RecordSender:
             enable_idempotence=True,
             linger_ms=5,
             max_batch_size=256 * 1024,
+            max_request_size=RAW_MAX_MESSAGE_BYTES,  # dead letters carry whole deliveries
             request_timeout_ms=30_000,
         )
 

@@ -21,6 +21,13 @@ log = logging.getLogger(__name__)
 DAY_MS = 24 * 3600 * 1000
 SEEN_TABLE = "seen"
 MARKS_TABLE = "marks"
+# A delivery may be as large as the webhook's body limit (1 MiB by default) plus its headers,
+# over Kafka's 1 MiB default; the bridges' producers allow the same.
+RAW_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+RAW_TOPIC_CONFIG = {
+    "retention.ms": str(7 * DAY_MS),
+    "max.message.bytes": str(RAW_MAX_MESSAGE_BYTES),
+}
 # A changelog entry may outlive its TTL by this much before the broker may delete it.
 CHANGELOG_RETENTION_MARGIN_MS = 3600 * 1000
 
@@ -44,8 +51,7 @@ def topology(settings: Settings) -> list[TopicSpec]:
     parts, replicas = stream.partitions, stream.replication_factor
     longest_ttl_ms = int(max(instance.dedupe_ttl for instance in settings.instances) * 1000)
     specs = [
-        TopicSpec(raw.name, parts, replicas, {"retention.ms": str(7 * DAY_MS)}, "raw")
-        for raw in stream.raw_topics
+        TopicSpec(raw.name, parts, replicas, RAW_TOPIC_CONFIG, "raw") for raw in stream.raw_topics
     ]
     specs += [
         TopicSpec(
@@ -59,7 +65,8 @@ def topology(settings: Settings) -> list[TopicSpec]:
             stream.dead_letter_topic,
             parts,
             replicas,
-            {"retention.ms": str(30 * DAY_MS)},
+            # holds raw deliveries as they came, as large as the raw topic's
+            {"retention.ms": str(30 * DAY_MS), "max.message.bytes": str(RAW_MAX_MESSAGE_BYTES)},
             "dead-letter",
         ),
         TopicSpec(

@@ -28,6 +28,7 @@ from aiokafka.errors import KafkaError, ProducerFenced
 from streams import metrics
 from streams.records import OutRecord
 from streams.sending import MAX_BACKOFF_S
+from streams.topics import RAW_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class PartitionTransactions:
                 enable_idempotence=True,
                 linger_ms=5,
                 max_batch_size=256 * 1024,
+                max_request_size=RAW_MAX_MESSAGE_BYTES,
             )
             await producer.start()  # init_transactions: fences and aborts older ones
             self._producers[partition] = producer

@@ -3,13 +3,14 @@
 1. `KAFKA_BOOTSTRAP_SERVERS`, when set: an external broker, used as is;
 2. testcontainers' Kafka module, when a Docker engine answers;
 3. the project's own local broker (dev/kafka/localkafka.py), started fresh for the session on
-   a free port under ~/.cache/storage-events/test-kafka, and stopped afterwards.
+   a free port, in ~/.cache/storage-events/test-kafka/<port>/, and stopped afterwards.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LOCAL_KAFKA = ROOT / "dev" / "kafka" / "localkafka.py"
 TEST_BROKER_DIR = Path.home() / ".cache" / "storage-events" / "test-kafka"
+OWNER_FILE = "owner.pid"
 
 _broker_description: list[str] = []
 
@@ -68,6 +70,36 @@ def free_port_pair() -> int:
     raise RuntimeError("no free pair of ports on 127.0.0.1")
 
 
+def reap_abandoned_brokers() -> None:
+    """Stop the brokers of test sessions that died without stopping theirs.
+
+    Each session's broker has its own directory (one per port) naming the pytest process
+    that owns it, so concurrent sessions never touch each other's broker.
+    """
+    if not TEST_BROKER_DIR.is_dir():
+        return
+    for broker_dir in TEST_BROKER_DIR.iterdir():
+        if not (broker_dir.is_dir() and broker_dir.name.isdigit()):
+            continue
+        owner = broker_dir / OWNER_FILE
+        try:
+            os.kill(int(owner.read_text()), 0)
+            continue  # its session still runs
+        except (FileNotFoundError, ValueError, ProcessLookupError):
+            pass
+        except PermissionError:
+            continue
+        env = {
+            **os.environ,
+            "LOCAL_KAFKA_DIR": str(broker_dir),
+            "LOCAL_KAFKA_PORT": broker_dir.name if broker_dir.name.isdigit() else "9092",
+        }
+        subprocess.run(
+            [sys.executable, str(LOCAL_KAFKA), "stop"], env=env, check=False, capture_output=True
+        )
+        shutil.rmtree(broker_dir, ignore_errors=True)
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     choice = broker_choice()
     if choice == "external":
@@ -105,15 +137,12 @@ def kafka_bootstrap() -> Iterator[str]:
             )
             yield bootstrap
         return
-    env = {
-        **os.environ,
-        "LOCAL_KAFKA_DIR": str(TEST_BROKER_DIR),
-        "LOCAL_KAFKA_PORT": str(free_port_pair()),
-    }
-    # A broker left behind by an interrupted session would hold the state directory.
-    subprocess.run(
-        [sys.executable, str(LOCAL_KAFKA), "stop"], env=env, check=False, capture_output=True
-    )
+    reap_abandoned_brokers()
+    port = free_port_pair()
+    broker_dir = TEST_BROKER_DIR / str(port)
+    broker_dir.mkdir(parents=True, exist_ok=True)
+    (broker_dir / OWNER_FILE).write_text(str(os.getpid()))
+    env = {**os.environ, "LOCAL_KAFKA_DIR": str(broker_dir), "LOCAL_KAFKA_PORT": str(port)}
     started = subprocess.run(
         [sys.executable, str(LOCAL_KAFKA), "start", "--fresh"],
         env=env,
@@ -128,7 +157,7 @@ def kafka_bootstrap() -> Iterator[str]:
     bootstrap = started.stdout.strip().splitlines()[-1]
     _broker_description.append(
         f"integration tests ran against Apache Kafka {kafka_version()} (KRaft) at {bootstrap}, "
-        f"started by the test session; broker log: {TEST_BROKER_DIR / 'broker.log'}"
+        f"started by the test session; broker log: {broker_dir / 'broker.log'}"
     )
     try:
         yield bootstrap
@@ -136,3 +165,4 @@ def kafka_bootstrap() -> Iterator[str]:
         subprocess.run(
             [sys.executable, str(LOCAL_KAFKA), "stop"], env=env, check=False, capture_output=True
         )
+        shutil.rmtree(broker_dir, ignore_errors=True)

@@ -4,35 +4,33 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from normalizer_support import (
+    assert_malformed,
+    assert_only_malformed_and_deterministic,
+    fixture_bytes,
+    load_fixture,
+    mostly,
+    set_fields,
+    webhook_bodies,
+)
 
 from streams.delivery import Delivery
 from streams.event import FileEvent
 from streams.normalizers.appwrite import SOURCE, normalize
-from streams.normalizers.base import MalformedDelivery, derived_id, record_hash_id
+from streams.normalizers.base import derived_id, record_hash_id
 
-FIXTURES = Path(__file__).parent / "fixtures" / "appwrite"
 BUCKET = "5e5ea5c16897e"
 FILE = "5e5ea5c16897e"
 
 
-def fixture(name: str) -> bytes:
-    return (FIXTURES / name).read_bytes()
-
-
 def document(**changes: Any) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(fixture("docs_file_model.json"))
-    for name, value in changes.items():
-        if value is None:
-            body.pop(name, None)
-        else:
-            body[name] = value
-    return body
+    body: dict[str, Any] = load_fixture(SOURCE, "docs_file_model.json")
+    return set_fields(body, changes)
 
 
 def php_json(body: dict[str, Any]) -> bytes:
@@ -72,7 +70,7 @@ def delivery(body: bytes, action: str | None = "create", **headers: str) -> Deli
 
 
 def test_create_maps_every_field() -> None:
-    [event] = normalize(delivery(fixture("docs_file_model.json")))
+    [event] = normalize(delivery(fixture_bytes(SOURCE, "docs_file_model.json")))
     assert event == FileEvent(
         id=derived_id("appwrite", "create", BUCKET, FILE, "2020-10-15T06:38:00.000+00:00"),
         type="created",
@@ -244,25 +242,10 @@ def test_names_stay_raw_in_raw_and_the_key_is_the_file_id(name: str) -> None:
 def test_malformed_deliveries_say_why(
     body: bytes, action: str | None, headers: dict[str, str], message: str
 ) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        normalize(delivery(body, action, **headers))
+    assert_malformed(SOURCE, delivery(body, action, **headers), message)
 
 
 # --- properties ------------------------------------------------------------------------
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=16,
-)
-
-
-def mostly(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    """Nine times in ten a plausible value, else any JSON value: deep paths get exercised."""
-    return st.integers(0, 9).flatmap(lambda n: json_values if n == 0 else valid)
-
 
 event_names = st.sampled_from(
     [
@@ -292,11 +275,7 @@ documents = st.fixed_dictionaries(
         "sizeOriginal": mostly(st.integers(0, 2**40)),
     },
 )
-bodies = (
-    st.binary(max_size=300)
-    | json_values.map(lambda v: json.dumps(v).encode())
-    | documents.map(lambda v: json.dumps(v).encode())
-)
+bodies = webhook_bodies(documents)
 
 
 @settings(max_examples=300, deadline=None)
@@ -304,13 +283,6 @@ bodies = (
 def test_any_input_gives_events_or_malformed_and_stable_ids(
     body: bytes, delivered_headers: dict[str, str]
 ) -> None:
-    def run() -> list[FileEvent]:
-        return normalize(Delivery(source=SOURCE, body=body, headers=delivered_headers))
-
-    try:
-        events = run()
-    except MalformedDelivery:
-        return
-    for event in events:
-        event.model_dump_json()
-    assert [e.id for e in run()] == [e.id for e in events]
+    assert_only_malformed_and_deterministic(
+        SOURCE, Delivery(source=SOURCE, body=body, headers=delivered_headers)
+    )

@@ -10,44 +10,43 @@ import base64
 import copy
 import json
 from datetime import UTC, datetime
-from pathlib import Path
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from normalizer_support import (
+    assert_malformed,
+    assert_only_malformed_and_deterministic,
+    deliver,
+    encode,
+    fixture_bytes,
+    fixture_names,
+    json_strategy,
+    load_fixture,
+    mostly,
+    outcome_kinds,
+    single,
+)
 
 from streams.delivery import Delivery
-from streams.event import FileEvent
 from streams.normalizers import normalize as registry_normalize
 from streams.normalizers.azure import SOURCE, normalize
-from streams.normalizers.base import MalformedDelivery
 
-FIXTURES = Path(__file__).parent / "fixtures" / "azure"
-
-
-def fixture(name: str) -> Any:
-    return json.loads((FIXTURES / name).read_text(encoding="utf-8"))
+fixture = partial(load_fixture, SOURCE)
+delivery = partial(deliver, SOURCE)
 
 
 def raw_delivery(name: str) -> Delivery:
     """The fixture's bytes exactly as published."""
-    return Delivery(source="azure", body=(FIXTURES / name).read_bytes())
-
-
-def delivery(document: Any) -> Delivery:
-    return Delivery(source="azure", body=json.dumps(document).encode())
+    return Delivery(source="azure", body=fixture_bytes(SOURCE, name))
 
 
 def queue_delivery(document: Any) -> Delivery:
     """What Event Grid -> Storage Queue -> bridge hands over: base64 of the event JSON."""
-    return Delivery(source="azure", body=base64.b64encode(json.dumps(document).encode()))
-
-
-def only(events: list[FileEvent]) -> FileEvent:
-    assert len(events) == 1, events
-    return events[0]
+    return Delivery(source="azure", body=base64.b64encode(encode(document)))
 
 
 def first_event(name: str) -> dict[str, Any]:
@@ -60,7 +59,7 @@ def first_event(name: str) -> dict[str, Any]:
 
 
 def test_blob_created_event_grid_schema() -> None:
-    event = only(normalize(raw_delivery("eg_blob_created.json")))
+    event = single(normalize(raw_delivery("eg_blob_created.json")))
     assert event.id == "beb21a5e-401e-002b-3749-928517060431"
     assert event.type == "created"
     assert (event.bucket, event.key) == ("gaocontainer", "Template1.xlsx")
@@ -96,7 +95,7 @@ def test_both_schemas_give_the_same_canonical_events(event_grid: str, cloud_even
 
 
 def test_blob_deleted_passes_size_and_etag_through_and_does_not_claim_version_only() -> None:
-    event = only(normalize(raw_delivery("eg_blob_deleted.json")))
+    event = single(normalize(raw_delivery("eg_blob_deleted.json")))
     assert event.id == "3626e710-c01e-005c-794a-92005606d96d"
     assert (event.type, event.bucket, event.key) == ("deleted", "gaocontainer", "Template1.xlsx")
     assert (event.size, event.etag) == (17555, "0x8D96061B33FE1D2")
@@ -105,14 +104,14 @@ def test_blob_deleted_passes_size_and_etag_through_and_does_not_claim_version_on
 
 
 def test_real_create_then_delete_sequencers_order_as_strings() -> None:
-    created = only(normalize(raw_delivery("eg_blob_created.json")))
-    deleted = only(normalize(raw_delivery("eg_blob_deleted.json")))
+    created = single(normalize(raw_delivery("eg_blob_created.json")))
+    deleted = single(normalize(raw_delivery("eg_blob_deleted.json")))
     assert created.sequencer is not None and deleted.sequencer is not None
     assert created.sequencer < deleted.sequencer
 
 
 def test_documented_blob_deleted_without_etag_and_size() -> None:
-    event = only(normalize(raw_delivery("doc_ce_blob_deleted.json")))
+    event = single(normalize(raw_delivery("doc_ce_blob_deleted.json")))
     assert (event.type, event.key, event.bucket) == (
         "deleted",
         "file-to-delete.txt",
@@ -123,14 +122,14 @@ def test_documented_blob_deleted_without_etag_and_size() -> None:
 
 
 def test_quoted_etag_is_unquoted_and_bucket_comes_from_subject_not_url() -> None:
-    event = only(normalize(raw_delivery("doc_eg_blob_created.json")))
+    event = single(normalize(raw_delivery("doc_eg_blob_created.json")))
     assert event.etag == "0x8D4BCC2E4835CD0"
     assert event.bucket == "test-container"  # url says testcontainer (doc inconsistency)
     assert event.size == 524288
 
 
 def test_cloud_events_subject_without_leading_slash() -> None:
-    event = only(normalize(raw_delivery("ce_sample_blob_created.json")))
+    event = single(normalize(raw_delivery("ce_sample_blob_created.json")))
     assert (event.bucket, event.key) == ("{storage-container}", "{new-file}")
     assert event.id == "9aeb0fdf-c01e-0131-0922-9eb54906e209"
 
@@ -139,7 +138,7 @@ def test_version_id_is_taken_when_present() -> None:
     # Variant: a versionId added to data (Event Grid's schema has none today).
     event = first_event("eg_blob_created.json")
     event["data"]["versionId"] = "2021-08-16T02:51:26.4248221Z"
-    assert only(normalize(delivery(event))).version_id == "2021-08-16T02:51:26.4248221Z"
+    assert single(normalize(delivery(event))).version_id == "2021-08-16T02:51:26.4248221Z"
 
 
 # --- ADLS and SFTP ----------------------------------------------------------------------------
@@ -150,17 +149,17 @@ def test_adls_create_file_is_dropped_and_flush_with_close_is_created() -> None:
     # Variant: the same event with api FlushWithClose (the doc has no example of it).
     document = fixture("doc_eg_adls_create_file.json")
     document[0]["data"]["api"] = "FlushWithClose"
-    event = only(normalize(delivery(document)))
+    event = single(normalize(delivery(document)))
     assert (event.type, event.bucket, event.key) == ("created", "my-file-system", "new-file.txt")
 
 
 def test_adls_delete_file_is_deleted() -> None:
-    event = only(normalize(raw_delivery("doc_ce_adls_delete_file.json")))
+    event = single(normalize(raw_delivery("doc_ce_adls_delete_file.json")))
     assert (event.type, event.key) == ("deleted", "file-to-delete.txt")
 
 
 def test_sftp_commit_is_created_and_sftp_create_is_dropped() -> None:
-    event = only(normalize(raw_delivery("doc_ce_sftp_commit.json")))
+    event = single(normalize(raw_delivery("doc_ce_sftp_commit.json")))
     assert (event.type, event.key, event.etag) == ("created", "new-file.txt", "0x8D4BCC2E4835CD0")
     # Variant: the empty blob SFTP creates when the file is opened.
     document = fixture("doc_ce_sftp_commit.json")
@@ -255,8 +254,7 @@ def test_rename_with_an_escape_free_destination_judges_the_source_itself(
 def test_rename_whose_urls_do_not_match_the_subject_is_malformed() -> None:
     event = renamed("old.txt", "new.txt", False)
     event["data"]["destinationUrl"] = "https://jolovdfs.dfs.core.windows.net/gaocontainer/other"
-    with pytest.raises(MalformedDelivery, match="old key is unknown"):
-        normalize(delivery(event))
+    assert_malformed(SOURCE, event, "old key is unknown")
 
 
 # --- dropped kinds ----------------------------------------------------------------------------
@@ -327,7 +325,7 @@ def test_empty_array_gives_nothing() -> None:
 def test_base64_storage_queue_body_gives_the_same_events(name: str) -> None:
     plain = normalize(raw_delivery(name))
     assert normalize(queue_delivery(fixture(name))) == plain
-    encoded = base64.b64encode((FIXTURES / name).read_bytes())
+    encoded = base64.b64encode(fixture_bytes(SOURCE, name))
     assert normalize(Delivery(source="azure", body=encoded + b"\n")) == plain
 
 
@@ -354,7 +352,7 @@ def test_keys_are_kept_raw(key: str) -> None:
     # Variant: the real BlobCreated with the subject's blob path replaced by `key`.
     event = first_event("eg_blob_created.json")
     event["subject"] = f"/blobServices/default/containers/gaocontainer/blobs/{key}"
-    assert only(normalize(delivery(event))).key == key
+    assert single(normalize(delivery(event))).key == key
 
 
 # --- malformed deliveries ----------------------------------------------------------------
@@ -428,14 +426,12 @@ MALFORMED: list[tuple[str, bytes, str]] = [
 def test_malformed_deliveries_raise_malformed_delivery_with_a_clear_message(
     body: bytes, message: str
 ) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        normalize(Delivery(source="azure", body=body))
+    assert_malformed(SOURCE, body, message)
 
 
 def test_one_bad_event_makes_the_whole_batch_malformed() -> None:
     batch = [first_event("eg_blob_created.json"), _created_with(subject="nowhere")]
-    with pytest.raises(MalformedDelivery, match="event 1 subject"):
-        normalize(delivery(batch))
+    assert_malformed(SOURCE, batch, "event 1 subject")
 
 
 # --- properties ---------------------------------------------------------------------------
@@ -447,22 +443,7 @@ EVENT_TYPES = [
     "Microsoft.Storage.DirectoryDeleted",
     "Microsoft.EventGrid.SubscriptionValidationEvent",
 ]
-json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
-json_values = st.recursive(
-    json_scalars,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
-    ),
-    max_leaves=20,
-)
-
-
-def mostly(
-    valid: st.SearchStrategy[Any], invalid: st.SearchStrategy[Any]
-) -> st.SearchStrategy[Any]:
-    """`valid` nine times in ten: each field is wrong now and then, not all at once."""
-    return st.integers(min_value=0, max_value=9).flatmap(lambda n: invalid if n == 0 else valid)
-
+json_values = json_strategy(max_text=20, max_key=10, max_leaves=20)
 
 names = st.text(min_size=1, max_size=12)
 subjects = mostly(
@@ -510,22 +491,6 @@ def near_valid_event(cloud_events: bool) -> st.SearchStrategy[dict[str, Any]]:
 near_valid_events = near_valid_event(False) | near_valid_event(True)
 
 
-def outcome(body: bytes) -> list[str] | str:
-    """The ids a delivery gives, or "malformed"; anything else escaping fails the test."""
-    try:
-        events = normalize(Delivery(source="azure", body=body))
-    except MalformedDelivery:
-        return "malformed"
-    assert all(isinstance(event, FileEvent) for event in events)
-    return [event.id for event in events]
-
-
-def assert_total_and_deterministic(body: bytes) -> list[str] | str:
-    result = outcome(body)
-    assert outcome(body) == result
-    return result
-
-
 PROPERTY_SETTINGS = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -534,13 +499,13 @@ PROPERTY_SETTINGS = settings(
 @PROPERTY_SETTINGS
 @given(body=st.binary(max_size=200))
 def test_arbitrary_bytes(body: bytes) -> None:
-    assert_total_and_deterministic(body)
+    assert_only_malformed_and_deterministic(SOURCE, body)
 
 
 @PROPERTY_SETTINGS
 @given(document=json_values)
 def test_arbitrary_json_structures(document: Any) -> None:
-    assert_total_and_deterministic(json.dumps(document).encode())
+    assert_only_malformed_and_deterministic(SOURCE, document)
 
 
 @PROPERTY_SETTINGS
@@ -550,25 +515,17 @@ def test_near_valid_events_plain_and_through_a_queue(
 ) -> None:
     document: Any = events if as_array or not events else events[0]
     text = json.dumps(document).encode()
-    result = assert_total_and_deterministic(text)
-    assert assert_total_and_deterministic(base64.b64encode(text)) == result
+    result = assert_only_malformed_and_deterministic(SOURCE, text)
+    assert assert_only_malformed_and_deterministic(SOURCE, base64.b64encode(text)) == result
 
 
 def test_property_strategies_reach_the_mapping_code() -> None:
     """Guard for the property above: its examples must not all stop at validation."""
-    seen: set[str] = set()
-
-    @settings(max_examples=200, deadline=None, database=None)
-    @given(event=near_valid_events)
-    def probe(event: dict[str, Any]) -> None:
-        result = outcome(json.dumps(event).encode())
-        seen.add("malformed" if result == "malformed" else "events" if result else "none")
-
-    probe()
-    assert seen == {"malformed", "events", "none"}
+    kinds = outcome_kinds(SOURCE, near_valid_events, examples=200)
+    assert kinds == {"malformed", "events", "none"}
 
 
 def test_normalizing_a_fixture_twice_gives_the_same_events() -> None:
-    for path in sorted(FIXTURES.glob("*.json")):
-        body = path.read_bytes()
+    for name in fixture_names(SOURCE):
+        body = fixture_bytes(SOURCE, name)
         assert normalize(Delivery("azure", body)) == normalize(Delivery("azure", copy.copy(body)))

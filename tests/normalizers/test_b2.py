@@ -4,27 +4,31 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from normalizer_support import (
+    assert_malformed,
+    assert_only_malformed_and_deterministic,
+    deliver,
+    encode,
+    fixture_bytes,
+    fixture_names,
+    load_fixture,
+    mostly,
+    set_fields,
+    webhook_bodies,
+)
 
-from streams.delivery import Delivery
 from streams.event import FileEvent
 from streams.normalizers.b2 import SOURCE, normalize
-from streams.normalizers.base import MalformedDelivery, derived_id, record_hash_id
+from streams.normalizers.base import derived_id, record_hash_id
 
-FIXTURES = Path(__file__).parent / "fixtures" / "b2"
-
-
-def fixture(name: str) -> bytes:
-    return (FIXTURES / name).read_bytes()
-
-
-def delivery(body: bytes, headers: dict[str, str] | None = None) -> Delivery:
-    return Delivery(source=SOURCE, body=body, headers=headers or {})
+fixture = partial(fixture_bytes, SOURCE)
+delivery = partial(deliver, SOURCE)
 
 
 def real_event(**changes: Any) -> dict[str, Any]:
@@ -33,17 +37,12 @@ def real_event(**changes: Any) -> dict[str, Any]:
     Deletes, hide markers and other kinds have no public payload: they are built this way
     from the documented fields (see ORIGINS.md).
     """
-    record: dict[str, Any] = json.loads(fixture("b2listen_upload_2024-07-22.json"))["events"][0]
-    for name, value in changes.items():
-        if value is None:
-            record.pop(name, None)
-        else:
-            record[name] = value
-    return record
+    record: dict[str, Any] = load_fixture(SOURCE, "b2listen_upload_2024-07-22.json")["events"][0]
+    return set_fields(record, changes)
 
 
 def body_of(*records: dict[str, Any]) -> bytes:
-    return json.dumps({"events": list(records)}).encode()
+    return encode({"events": list(records)})
 
 
 def test_real_upload_maps_every_field() -> None:
@@ -74,7 +73,7 @@ def test_two_uploads_of_one_name_get_different_ids() -> None:
 
 
 def test_redelivery_gets_the_same_ids() -> None:
-    for name in sorted(p.name for p in FIXTURES.glob("*.json")):
+    for name in fixture_names(SOURCE):
         body = fixture(name)
         first = normalize(delivery(body, {"x-bz-event-notification-signature": "v1=aa"}))
         again = normalize(delivery(body))  # headers differ between attempts; ids must not
@@ -218,25 +217,10 @@ def test_keys_are_kept_raw(name: str) -> None:
     ],
 )
 def test_malformed_deliveries_say_why(body: bytes, message: str) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        normalize(delivery(body))
+    assert_malformed(SOURCE, body, message)
 
 
 # --- properties ------------------------------------------------------------------------
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=16,
-)
-
-
-def mostly(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    """Nine times in ten a plausible value, else any JSON value: deep paths get exercised."""
-    return st.integers(0, 9).flatmap(lambda n: json_values if n == 0 else valid)
-
 
 headers = st.dictionaries(st.text(max_size=30).map(str.lower), st.text(max_size=30), max_size=4)
 b2_records = st.fixed_dictionaries(
@@ -261,13 +245,7 @@ b2_records = st.fixed_dictionaries(
         "eventTimestamp": mostly(st.none() | st.integers(0, 2**42)),
     }
 )
-bodies = (
-    st.binary(max_size=300)
-    | json_values.map(lambda v: json.dumps(v).encode())
-    | st.fixed_dictionaries({"events": st.lists(mostly(b2_records), max_size=4)}).map(
-        lambda v: json.dumps(v).encode()
-    )
-)
+bodies = webhook_bodies(st.fixed_dictionaries({"events": st.lists(mostly(b2_records), max_size=4)}))
 
 
 @settings(max_examples=300, deadline=None)
@@ -275,11 +253,6 @@ bodies = (
 def test_any_input_gives_events_or_malformed_and_stable_ids(
     body: bytes, extra_headers: dict[str, str]
 ) -> None:
-    try:
-        events = normalize(delivery(body, extra_headers))
-    except MalformedDelivery:
-        return
-    assert all(e.provider == SOURCE for e in events)
-    for event in events:
-        event.model_dump_json()  # every event can reach the output topic
-    assert [e.id for e in normalize(delivery(body))] == [e.id for e in events]
+    assert_only_malformed_and_deterministic(
+        SOURCE, delivery(body, extra_headers), again=delivery(body)
+    )

@@ -2,29 +2,32 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from normalizer_support import (
+    assert_malformed,
+    assert_only_malformed_and_deterministic,
+    deliver,
+    encode,
+    fixture_bytes,
+    fixture_names,
+    load_fixture,
+    mostly,
+    set_fields,
+    webhook_bodies,
+)
 
-from streams.delivery import Delivery
 from streams.event import FileEvent
-from streams.normalizers.base import MalformedDelivery, derived_id, record_hash_id
+from streams.normalizers.base import derived_id, record_hash_id
 from streams.normalizers.box import SOURCE, normalize
 
-FIXTURES = Path(__file__).parent / "fixtures" / "box"
-
-
-def fixture(name: str) -> bytes:
-    return (FIXTURES / name).read_bytes()
-
-
-def delivery(body: bytes, headers: dict[str, str] | None = None) -> Delivery:
-    return Delivery(source=SOURCE, body=body, headers=headers or {})
+fixture = partial(fixture_bytes, SOURCE)
+delivery = partial(deliver, SOURCE)
 
 
 def docs_body(**changes: Any) -> dict[str, Any]:
@@ -33,17 +36,8 @@ def docs_body(**changes: Any) -> dict[str, Any]:
     FILE.RESTORED, FILE.COPIED, FILE.DELETED and a body without `id` have no public
     payload: they are built this way (see ORIGINS.md).
     """
-    body: dict[str, Any] = json.loads(fixture("docs_file_uploaded.json"))
-    for name, value in changes.items():
-        if value is None:
-            body.pop(name, None)
-        else:
-            body[name] = value
-    return body
-
-
-def encode(body: dict[str, Any]) -> bytes:
-    return json.dumps(body).encode()
+    body: dict[str, Any] = load_fixture(SOURCE, "docs_file_uploaded.json")
+    return set_fields(body, changes)
 
 
 def test_documented_upload_maps_every_field() -> None:
@@ -142,7 +136,7 @@ def test_the_delivery_id_header_never_becomes_the_event_id() -> None:
 
 
 def test_redelivery_gets_the_same_ids() -> None:
-    for name in sorted(p.name for p in FIXTURES.glob("*.json")):
+    for name in fixture_names(SOURCE):
         body = fixture(name)
         assert [e.id for e in normalize(delivery(body))] == [
             e.id for e in normalize(delivery(body))
@@ -153,7 +147,7 @@ def test_body_without_id_derives_one() -> None:
     # §11 #22: the box-python-sdk signature vector's body has no id.
     [event] = normalize(delivery(encode(docs_body(id=None))))
     assert event.id == derived_id("box", "FILE.UPLOADED", None, "73835521473", "78096737033")
-    trashed = json.loads(fixture("capture_2025_file_trashed.json"))
+    trashed = load_fixture(SOURCE, "capture_2025_file_trashed.json")
     del trashed["id"]
     [event] = normalize(delivery(encode(trashed)))
     assert event.id == derived_id(
@@ -182,11 +176,7 @@ def test_names_with_special_characters_stay_in_raw() -> None:
 
 def bad(**source_changes: Any) -> bytes:
     body = docs_body()
-    for name, value in source_changes.items():
-        if value is None:
-            body["source"].pop(name, None)
-        else:
-            body["source"][name] = value
+    set_fields(body["source"], source_changes)
     return encode(body)
 
 
@@ -215,25 +205,10 @@ def bad(**source_changes: Any) -> bytes:
     ],
 )
 def test_malformed_deliveries_say_why(body: bytes, message: str) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        normalize(delivery(body))
+    assert_malformed(SOURCE, body, message)
 
 
 # --- properties ------------------------------------------------------------------------
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=16,
-)
-
-
-def mostly(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    """Nine times in ten a plausible value, else any JSON value: deep paths get exercised."""
-    return st.integers(0, 9).flatmap(lambda n: json_values if n == 0 else valid)
-
 
 headers = st.dictionaries(
     st.sampled_from(["box-delivery-id", "box-delivery-timestamp", "box-signature-primary"])
@@ -269,11 +244,7 @@ box_bodies = st.fixed_dictionaries(
         ),
     },
 )
-bodies = (
-    st.binary(max_size=300)
-    | json_values.map(lambda v: json.dumps(v).encode())
-    | box_bodies.map(lambda v: json.dumps(v).encode())
-)
+bodies = webhook_bodies(box_bodies)
 
 
 @settings(max_examples=300, deadline=None)
@@ -281,10 +252,6 @@ bodies = (
 def test_any_input_gives_events_or_malformed_and_stable_ids(
     body: bytes, extra_headers: dict[str, str]
 ) -> None:
-    try:
-        events = normalize(delivery(body, extra_headers))
-    except MalformedDelivery:
-        return
-    for event in events:
-        event.model_dump_json()
-    assert [e.id for e in normalize(delivery(body))] == [e.id for e in events]
+    assert_only_malformed_and_deterministic(
+        SOURCE, delivery(body, extra_headers), again=delivery(body)
+    )

@@ -2,38 +2,33 @@
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from normalizer_support import (
+    assert_malformed,
+    assert_only_malformed_and_deterministic,
+    deliver,
+    encode,
+    fixture_bytes,
+    fixture_names,
+    load_fixture,
+    mostly,
+    set_fields,
+    webhook_bodies,
+)
 
-from streams.delivery import Delivery
 from streams.event import FileEvent
-from streams.normalizers.base import MalformedDelivery, derived_id, record_hash_id
+from streams.normalizers.base import derived_id, record_hash_id
 from streams.normalizers.cloudinary import SOURCE, normalize
 
-FIXTURES = Path(__file__).parent / "fixtures" / "cloudinary"
-
-
-def fixture(name: str) -> bytes:
-    return (FIXTURES / name).read_bytes()
-
-
-def load(name: str) -> dict[str, Any]:
-    document: dict[str, Any] = json.loads(fixture(name))
-    return document
-
-
-def delivery(body: bytes, headers: dict[str, str] | None = None) -> Delivery:
-    return Delivery(source=SOURCE, body=body, headers=headers or {})
-
-
-def encode(body: dict[str, Any]) -> bytes:
-    return json.dumps(body).encode()
+fixture = partial(fixture_bytes, SOURCE)
+load = partial(load_fixture, SOURCE)
+delivery = partial(deliver, SOURCE)
 
 
 def rename_body(**changes: Any) -> dict[str, Any]:
@@ -53,8 +48,7 @@ def rename_body(**changes: Any) -> dict[str, Any]:
             "triggered_by": {"source": "ui", "id": "redacted@example.com"},
         },
     }
-    body.update(changes)
-    return {k: v for k, v in body.items() if v is not None}
+    return set_fields(body, changes)
 
 
 def test_upload_maps_every_field() -> None:
@@ -215,7 +209,7 @@ def test_kinds_that_change_no_content_are_dropped(kind: str) -> None:
 
 
 def test_redelivery_gets_the_same_ids() -> None:
-    bodies = [fixture(p.name) for p in sorted(FIXTURES.glob("*.json"))] + [encode(rename_body())]
+    bodies = [fixture(name) for name in fixture_names(SOURCE)] + [encode(rename_body())]
     for body in bodies:
         headers = {"x-cld-timestamp": "1700000000", "x-cld-signature": "ab" * 20}
         assert [e.id for e in normalize(delivery(body, headers))] == [
@@ -243,13 +237,7 @@ def test_resource_and_delivery_type_keep_same_public_ids_apart() -> None:
 
 
 def upload_with(**changes: Any) -> bytes:
-    body = load("jackdbd_image_uploaded.json")
-    for name, value in changes.items():
-        if value is None:
-            body.pop(name, None)
-        else:
-            body[name] = value
-    return encode(body)
+    return encode(set_fields(load("jackdbd_image_uploaded.json"), changes))
 
 
 @pytest.mark.parametrize(
@@ -286,25 +274,10 @@ def upload_with(**changes: Any) -> bytes:
     ],
 )
 def test_malformed_deliveries_say_why(body: bytes, message: str) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        normalize(delivery(body))
+    assert_malformed(SOURCE, body, message)
 
 
 # --- properties ------------------------------------------------------------------------
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=16,
-)
-
-
-def mostly(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    """Nine times in ten a plausible value, else any JSON value: deep paths get exercised."""
-    return st.integers(0, 9).flatmap(lambda n: json_values if n == 0 else valid)
-
 
 headers = st.dictionaries(
     st.sampled_from(["x-cld-timestamp", "x-cld-signature"]) | st.text(max_size=20).map(str.lower),
@@ -339,11 +312,7 @@ notifications = st.fixed_dictionaries(
         "to_public_id": mostly(st.text(min_size=1, max_size=8)),
     },
 )
-bodies = (
-    st.binary(max_size=300)
-    | json_values.map(lambda v: json.dumps(v).encode())
-    | notifications.map(lambda v: json.dumps(v).encode())
-)
+bodies = webhook_bodies(notifications)
 
 
 @settings(max_examples=300, deadline=None)
@@ -351,10 +320,6 @@ bodies = (
 def test_any_input_gives_events_or_malformed_and_stable_ids(
     body: bytes, extra_headers: dict[str, str]
 ) -> None:
-    try:
-        events = normalize(delivery(body, extra_headers))
-    except MalformedDelivery:
-        return
-    for event in events:
-        event.model_dump_json()
-    assert [e.id for e in normalize(delivery(body))] == [e.id for e in events]
+    assert_only_malformed_and_deterministic(
+        SOURCE, delivery(body, extra_headers), again=delivery(body)
+    )

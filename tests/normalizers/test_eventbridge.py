@@ -5,45 +5,40 @@ from __future__ import annotations
 import copy
 import json
 from datetime import UTC, datetime
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from normalizer_support import (
+    assert_malformed,
+    assert_only_malformed_and_deterministic,
+    json_strategy,
+    load_fixture,
+    normalized,
+    set_fields,
+    single,
+)
 
 from streams.delivery import Delivery
 from streams.event import FileEvent
 from streams.normalizers import normalize as registry_normalize
-from streams.normalizers.base import MalformedDelivery
-from streams.normalizers.eventbridge import SOURCE, normalize
+from streams.normalizers.eventbridge import SOURCE
 
-FIXTURES = Path(__file__).parent / "fixtures" / "eventbridge"
-
-
-def fixture(name: str) -> Any:
-    return json.loads((FIXTURES / name).read_text())
-
-
-def run(body: Any) -> list[FileEvent]:
-    return normalize(Delivery(source=SOURCE, body=json.dumps(body).encode()))
+fixture = partial(load_fixture, SOURCE)
+run = partial(normalized, SOURCE)
 
 
 def only(body: Any) -> FileEvent:
-    events = run(body)
-    assert len(events) == 1
-    return events[0]
+    return single(run(body))
 
 
 def changed(body: Any, *, detail: dict[str, Any] | None = None, **obj: Any) -> Any:
     """A copy with `detail` fields and `detail.object` fields set (None removes one)."""
     body = copy.deepcopy(body)
-    for target, changes in ((body["detail"], detail or {}), (body["detail"]["object"], obj)):
-        for name, value in changes.items():
-            if value is None:
-                target.pop(name, None)
-            else:
-                target[name] = value
+    set_fields(body["detail"], detail or {})
+    set_fields(body["detail"]["object"], obj)
     return body
 
 
@@ -207,14 +202,12 @@ def test_registry_finds_the_module() -> None:
 def test_other_event_sources_are_malformed() -> None:
     body = fixture("doc-object-created.json")
     body["source"] = "aws.ec2"
-    with pytest.raises(MalformedDelivery, match=r"source 'aws\.ec2' is not 'aws\.s3'"):
-        run(body)
+    assert_malformed(SOURCE, body, r"source 'aws\.ec2' is not 'aws\.s3'")
 
 
 def test_an_s3_notification_sent_here_is_malformed() -> None:
     s3_body = {"Records": [{"eventName": "ObjectCreated:Put"}]}
-    with pytest.raises(MalformedDelivery, match="source None"):
-        run(s3_body)
+    assert_malformed(SOURCE, s3_body, "source None")
 
 
 @pytest.mark.parametrize(
@@ -246,8 +239,7 @@ def test_an_s3_notification_sent_here_is_malformed() -> None:
     ],
 )
 def test_malformed_bodies_say_why(body: bytes, message: str) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        normalize(Delivery(source=SOURCE, body=body))
+    assert_malformed(SOURCE, body, message)
 
 
 @pytest.mark.parametrize(
@@ -261,49 +253,34 @@ def test_malformed_bodies_say_why(body: bytes, message: str) -> None:
     ],
 )
 def test_wrong_field_types_are_malformed(field: str, value: Any, message: str) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        run(changed(fixture("doc-object-created.json"), **{field: value}))
+    assert_malformed(SOURCE, changed(fixture("doc-object-created.json"), **{field: value}), message)
 
 
 @pytest.mark.parametrize("value", ["soon", 1636675200, "9999-12-31T23:59:59-01:00"])
 def test_bad_time_is_malformed(value: Any) -> None:
     body = fixture("doc-object-created.json")
     body["time"] = value
-    with pytest.raises(MalformedDelivery, match="time"):
-        run(body)
+    assert_malformed(SOURCE, body, "time")
 
 
 # --- properties ----------------------------------------------------------------------------
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
-    ),
-    max_leaves=20,
-)
-
-
-def normalize_twice(body: bytes) -> None:
-    """Normalizing raises only MalformedDelivery, and is deterministic."""
-    try:
-        first = normalize(Delivery(source=SOURCE, body=body))
-    except MalformedDelivery:
-        return
-    assert [e.id for e in first] == [e.id for e in normalize(Delivery(source=SOURCE, body=body))]
+json_values = json_strategy(max_text=None, max_key=12, max_leaves=20)
 
 
 @settings(max_examples=300)
 @given(st.binary())
 def test_arbitrary_bytes_never_escape(body: bytes) -> None:
-    normalize_twice(body)
+    assert_only_malformed_and_deterministic(SOURCE, body)
 
 
 @settings(max_examples=300)
 @given(json_values)
 def test_arbitrary_json_never_escapes(value: Any) -> None:
-    normalize_twice(json.dumps(value).encode())
-    normalize_twice(json.dumps({"Type": "Notification", "Message": json.dumps(value)}).encode())
+    assert_only_malformed_and_deterministic(SOURCE, value)
+    assert_only_malformed_and_deterministic(
+        SOURCE, {"Type": "Notification", "Message": json.dumps(value)}
+    )
 
 
 @settings(max_examples=300)
@@ -333,4 +310,4 @@ def test_mutated_real_events_never_escape(
         body["detail"]["object"][name] = value
     for name, value in top:
         body[name] = value
-    normalize_twice(json.dumps(body).encode())
+    assert_only_malformed_and_deterministic(SOURCE, body)

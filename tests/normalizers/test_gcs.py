@@ -11,28 +11,36 @@ import copy
 import json
 import unicodedata
 from datetime import UTC, datetime
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from normalizer_support import (
+    assert_malformed,
+    assert_only_malformed_and_deterministic,
+    deliver,
+    fixture_bytes,
+    fixture_names,
+    json_strategy,
+    load_fixture,
+    outcome,
+    outcome_kinds,
+    set_fields,
+    single,
+)
 
 from streams.delivery import Delivery
-from streams.event import FileEvent
 from streams.normalizers import normalize as registry_normalize
-from streams.normalizers.base import MalformedDelivery, derived_id
+from streams.normalizers.base import derived_id
 from streams.normalizers.gcs import SOURCE, normalize
 
-FIXTURES = Path(__file__).parent / "fixtures" / "gcs"
-
-
-def fixture(name: str) -> Any:
-    return json.loads((FIXTURES / name).read_text(encoding="utf-8"))
+fixture = partial(load_fixture, SOURCE)
 
 
 def push_delivery(envelope: dict[str, Any]) -> Delivery:
-    return Delivery(source="gcs", body=json.dumps(envelope).encode())
+    return deliver(SOURCE, envelope)
 
 
 def pull_delivery(attributes: dict[str, str], resource: dict[str, Any] | None) -> Delivery:
@@ -56,30 +64,21 @@ def envelope_with(
     """A copy of a push envelope with attributes changed (None removes one) and/or data replaced."""
     result = copy.deepcopy(envelope)
     message = result["message"]
-    for name, value in (attributes or {}).items():
-        if value is None:
-            message["attributes"].pop(name, None)
-        else:
-            message["attributes"][name] = value
+    set_fields(message["attributes"], attributes or {})
     if resource is not None:
         message["data"] = base64.b64encode(json.dumps(resource).encode()).decode()
     return result
 
 
-def only(events: list[FileEvent]) -> FileEvent:
-    assert len(events) == 1, events
-    return events[0]
-
-
-PUSH_FIXTURES = sorted(path.name for path in FIXTURES.glob("push_*.json"))
+PUSH_FIXTURES = fixture_names(SOURCE, "push_*.json")
 
 
 # --- mapped kinds ------------------------------------------------------------------------
 
 
 def test_finalize_real_2025_push_delivery() -> None:
-    delivery = Delivery(source="gcs", body=(FIXTURES / "push_finalize_2025_nfd.json").read_bytes())
-    event = only(normalize(delivery))
+    delivery = Delivery(source="gcs", body=fixture_bytes(SOURCE, "push_finalize_2025_nfd.json"))
+    event = single(normalize(delivery))
     key = "None/Care Plus - acesso dois carto\u0303es (dental e me\u0301dico).pdf"
     generation = "1736358966947877"
     assert event.id == derived_id(
@@ -104,7 +103,7 @@ def test_finalize_real_2025_push_delivery() -> None:
 
 
 def test_registry_dispatches_to_gcs() -> None:
-    delivery = Delivery(source="gcs", body=(FIXTURES / "push_finalize_2017.json").read_bytes())
+    delivery = Delivery(source="gcs", body=fixture_bytes(SOURCE, "push_finalize_2017.json"))
     assert registry_normalize(delivery) == normalize(delivery)
 
 
@@ -122,7 +121,7 @@ def test_push_attributes_are_merged_over_delivery_attributes() -> None:
         body=json.dumps(envelope).encode(),
         attributes={"eventType": "OBJECT_DELETE", "custom": "kept"},
     )
-    event = only(normalize(delivery))
+    event = single(normalize(delivery))
     assert event.type == "created"  # the envelope's eventType wins
     assert event.raw is not None
     assert event.raw["attributes"]["custom"] == "kept"
@@ -140,7 +139,7 @@ def test_two_deliveries_with_different_message_ids_give_the_same_id() -> None:
 
 
 def test_2017_finalize_without_event_time_takes_payload_updated_not_publish_time() -> None:
-    event = only(normalize(push_delivery(fixture("push_finalize_2017.json"))))
+    event = single(normalize(push_delivery(fixture("push_finalize_2017.json"))))
     assert event.type == "created"
     assert event.key == "sample/one_class_svm.png"
     assert event.bucket == "sandbox-hara.appspot.com"
@@ -151,7 +150,7 @@ def test_2017_finalize_without_event_time_takes_payload_updated_not_publish_time
 
 
 def test_delete_is_deleted_and_does_not_say_whether_a_version_or_the_live_object_went() -> None:
-    event = only(normalize(push_delivery(fixture("push_delete_2017.json"))))
+    event = single(normalize(push_delivery(fixture("push_delete_2017.json"))))
     assert event.type == "deleted"
     assert event.key == "one_class_svm.png"
     assert event.version_id == event.sequencer == "1507260193176852"
@@ -162,7 +161,7 @@ def test_delete_is_deleted_and_does_not_say_whether_a_version_or_the_live_object
 
 
 def test_overwrite_gives_only_the_finalize_of_the_new_generation() -> None:
-    created = only(normalize(push_delivery(fixture("push_finalize_overwrote_2017.json"))))
+    created = single(normalize(push_delivery(fixture("push_finalize_overwrote_2017.json"))))
     assert created.type == "created"
     assert created.sequencer == "1507260566514012"
     assert created.raw is not None
@@ -181,7 +180,7 @@ def test_archive_caused_by_an_overwrite_is_skipped() -> None:
 def test_archive_of_the_live_version_is_a_delete_of_the_key() -> None:
     # Variant: versioning on, so deleting the live object gives ARCHIVE (eventType changed).
     envelope = envelope_with(fixture("push_delete_2017.json"), {"eventType": "OBJECT_ARCHIVE"})
-    event = only(normalize(push_delivery(envelope)))
+    event = single(normalize(push_delivery(envelope)))
     assert event.type == "deleted"
     assert event.version_only is False
     assert event.version_id == "1507260193176852"
@@ -190,15 +189,15 @@ def test_archive_of_the_live_version_is_a_delete_of_the_key() -> None:
 def test_archive_and_a_later_purge_of_the_same_generation_stay_distinct() -> None:
     delete = fixture("push_delete_2017.json")
     archive = envelope_with(delete, {"eventType": "OBJECT_ARCHIVE"})
-    archived = only(normalize(push_delivery(archive)))
-    purged = only(normalize(push_delivery(delete)))
+    archived = single(normalize(push_delivery(archive)))
+    purged = single(normalize(push_delivery(delete)))
     assert archived.id != purged.id
     assert archived.sequencer == purged.sequencer
 
 
 def test_gsutil_mv_is_a_create_of_the_new_name_and_a_delete_of_the_old() -> None:
-    created = only(normalize(push_delivery(fixture("push_finalize_rename_2017.json"))))
-    deleted = only(normalize(push_delivery(fixture("push_delete_rename_2017.json"))))
+    created = single(normalize(push_delivery(fixture("push_finalize_rename_2017.json"))))
+    deleted = single(normalize(push_delivery(fixture("push_delete_rename_2017.json"))))
     assert (created.type, created.key) == ("created", "sample/one_class_svm_change.png")
     assert (deleted.type, deleted.key) == ("deleted", "sample/one_class_svm.png")
 
@@ -219,7 +218,7 @@ def test_kinds_without_a_content_change_are_dropped(event_type: str) -> None:
 
 def test_payload_format_none_pull_gives_an_event_from_the_attributes_alone() -> None:
     attributes = fixture("doc_attributes.json") | {"payloadFormat": "NONE"}
-    event = only(normalize(pull_delivery(attributes, None)))
+    event = single(normalize(pull_delivery(attributes, None)))
     assert event.id == derived_id("gcs", "OBJECT_FINALIZE", "foo", "bar", "123456")
     assert (event.type, event.bucket, event.key) == ("created", "foo", "bar")
     assert event.sequencer == event.version_id == "123456"
@@ -242,7 +241,7 @@ def test_payload_format_none_delete_has_no_time_without_event_time() -> None:
     attributes = fixture("doc_attributes.json") | {"payloadFormat": "NONE"}
     attributes |= {"eventType": "OBJECT_DELETE"}
     del attributes["eventTime"]
-    event = only(normalize(pull_delivery(attributes, None)))
+    event = single(normalize(pull_delivery(attributes, None)))
     assert (event.type, event.time, event.version_only) == ("deleted", None, None)
 
 
@@ -256,7 +255,7 @@ def test_numeric_payload_fields_and_time_deleted_fallback() -> None:
         "objectGeneration": "96883251",
         "payloadFormat": "JSON_API_V1",
     }
-    event = only(normalize(pull_delivery(attributes, resource)))
+    event = single(normalize(pull_delivery(attributes, resource)))
     assert event.type == "deleted"
     assert event.size == 0
     assert event.sequencer == "96883251"
@@ -267,7 +266,7 @@ def test_numeric_payload_fields_and_time_deleted_fallback() -> None:
 
 def test_payload_alone_names_the_object_when_attributes_lack_it() -> None:
     resource = fixture("storage_object_data_complex.json")
-    event = only(normalize(pull_delivery({"eventType": "OBJECT_FINALIZE"}, resource)))
+    event = single(normalize(pull_delivery({"eventType": "OBJECT_FINALIZE"}, resource)))
     assert (event.bucket, event.key, event.sequencer) == ("sample-bucket", "MyFile", "96883251")
     assert event.time == datetime(1970, 9, 15, 14, 5, 26, 975000, tzinfo=UTC)  # `updated`
 
@@ -277,7 +276,7 @@ def test_one_pair_of_etag_quotes_is_stripped() -> None:
     _, resource = unwrap(envelope)
     assert resource is not None
     resource["etag"] = '"CJ3LmvmG29YCEAE="'
-    event = only(normalize(push_delivery(envelope_with(envelope, resource=resource))))
+    event = single(normalize(push_delivery(envelope_with(envelope, resource=resource))))
     assert event.etag == "CJ3LmvmG29YCEAE="
 
 
@@ -300,10 +299,10 @@ def test_keys_are_kept_raw(key: str) -> None:
     assert resource is not None
     resource["name"] = key
     changed = envelope_with(envelope, {"objectId": key}, resource)
-    event = only(normalize(push_delivery(changed)))
+    event = single(normalize(push_delivery(changed)))
     assert event.key == key
     attributes, _ = unwrap(changed)
-    assert only(normalize(pull_delivery(attributes, resource))).id == event.id
+    assert single(normalize(pull_delivery(attributes, resource))).id == event.id
 
 
 # --- malformed deliveries ----------------------------------------------------------------
@@ -429,8 +428,7 @@ MALFORMED = _malformed_cases()
 def test_malformed_deliveries_raise_malformed_delivery_with_a_clear_message(
     delivery: Delivery, message: str
 ) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        normalize(delivery)
+    assert_malformed(SOURCE, delivery, message)
 
 
 # --- properties ---------------------------------------------------------------------------
@@ -454,14 +452,7 @@ EVENT_TYPES = [
     "OBJECT_INITIALIZE",
 ]
 
-json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
-json_values = st.recursive(
-    json_scalars,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_values = json_strategy(max_text=20, max_key=10, max_leaves=20)
 plausible_text = st.one_of(
     st.text(max_size=20),
     st.sampled_from([*EVENT_TYPES, "", "123", "2021-01-15T01:30:15.01Z", "0", "-1", "NONE"]),
@@ -513,20 +504,6 @@ near_valid_resource = st.fixed_dictionaries(
 )
 
 
-def outcome(delivery: Delivery) -> list[str] | str:
-    """The ids a delivery gives, or "malformed"; anything else escaping fails the test."""
-    try:
-        events = normalize(delivery)
-    except MalformedDelivery:
-        return "malformed"
-    assert all(isinstance(event, FileEvent) for event in events)
-    return [event.id for event in events]
-
-
-def assert_total_and_deterministic(delivery: Delivery) -> None:
-    assert outcome(delivery) == outcome(delivery)
-
-
 PROPERTY_SETTINGS = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -535,14 +512,14 @@ PROPERTY_SETTINGS = settings(
 @PROPERTY_SETTINGS
 @given(body=st.binary(max_size=200), attributes=attributes_strategy)
 def test_arbitrary_bytes_and_attributes(body: bytes, attributes: dict[str, str]) -> None:
-    assert_total_and_deterministic(Delivery("gcs", body, attributes=attributes))
+    assert_only_malformed_and_deterministic(SOURCE, Delivery("gcs", body, attributes=attributes))
 
 
 @PROPERTY_SETTINGS
 @given(document=json_values, attributes=attributes_strategy)
 def test_arbitrary_json_bodies(document: Any, attributes: dict[str, str]) -> None:
-    assert_total_and_deterministic(
-        Delivery("gcs", json.dumps(document).encode(), attributes=attributes)
+    assert_only_malformed_and_deterministic(
+        SOURCE, Delivery("gcs", json.dumps(document).encode(), attributes=attributes)
     )
 
 
@@ -573,8 +550,8 @@ def test_push_envelopes_with_arbitrary_contents(
     elif data_kind == "json":
         message["data"] = base64.b64encode(json.dumps(garbage_value).encode()).decode()
     envelope = {"message": message, "subscription": "projects/p/subscriptions/s"}
-    assert_total_and_deterministic(
-        Delivery("gcs", json.dumps(envelope).encode(), attributes=attributes)
+    assert_only_malformed_and_deterministic(
+        SOURCE, Delivery("gcs", json.dumps(envelope).encode(), attributes=attributes)
     )
 
 
@@ -587,23 +564,14 @@ def test_pull_deliveries_with_plausible_fields(
     resource: dict[str, Any], attributes: dict[str, str]
 ) -> None:
     delivery = Delivery("gcs", json.dumps(resource).encode(), attributes=attributes)
-    assert_total_and_deterministic(delivery)
-    result = outcome(delivery)
+    result = assert_only_malformed_and_deterministic(SOURCE, delivery)
     if result != "malformed":
         # Wrapping the same message in a push envelope gives the same ids.
         message = {"data": base64.b64encode(delivery.body).decode(), "attributes": attributes}
-        assert outcome(push_delivery({"message": message})) == result
+        assert outcome(SOURCE, push_delivery({"message": message})) == result
 
 
 def test_property_strategies_reach_the_mapping_code() -> None:
     """Guard for the properties above: their examples must not all stop at validation."""
-    seen: set[str] = set()
-
-    @settings(max_examples=200, deadline=None, database=None)
-    @given(resource=near_valid_resource, attributes=near_valid_attributes)
-    def probe(resource: dict[str, Any], attributes: dict[str, str]) -> None:
-        result = outcome(Delivery("gcs", json.dumps(resource).encode(), attributes=attributes))
-        seen.add("malformed" if result == "malformed" else "events" if result else "none")
-
-    probe()
-    assert seen == {"malformed", "events", "none"}
+    deliveries = st.builds(pull_delivery, near_valid_attributes, near_valid_resource)
+    assert outcome_kinds(SOURCE, deliveries, examples=200) == {"malformed", "events", "none"}

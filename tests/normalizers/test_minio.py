@@ -5,51 +5,42 @@ from __future__ import annotations
 import copy
 import json
 from datetime import UTC, datetime
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from normalizer_support import (
+    assert_malformed,
+    assert_only_malformed_and_deterministic,
+    json_strategy,
+    load_fixture,
+    normalized,
+    single,
+    with_s3_record,
+)
 
 from streams.delivery import Delivery
 from streams.event import FileEvent
 from streams.normalizers import normalize as registry_normalize
-from streams.normalizers.base import MalformedDelivery, derived_id, record_hash_id
-from streams.normalizers.minio import SOURCE, normalize
-
-FIXTURES = Path(__file__).parent / "fixtures" / "minio"
+from streams.normalizers.base import derived_id, record_hash_id
+from streams.normalizers.minio import SOURCE
 
 VERSION_UUID = "7ead3921-78e0-441a-a939-c772d69c34a2"
 
-
-def fixture(name: str) -> Any:
-    return json.loads((FIXTURES / name).read_text())
-
-
-def run(body: Any) -> list[FileEvent]:
-    return normalize(Delivery(source=SOURCE, body=json.dumps(body).encode()))
+fixture = partial(load_fixture, SOURCE)
+run = partial(normalized, SOURCE)
 
 
 def only(body: Any) -> FileEvent:
-    events = run(body)
-    assert len(events) == 1
-    return events[0]
+    return single(run(body))
 
 
 def with_record(body: Any, **changes: Any) -> Any:
-    """A copy with record fields (eventName, eventTime, eventSource) or s3.object fields set
-    (None removes one); `EventName` follows the record's `eventName`, as MinIO sends it."""
-    body = copy.deepcopy(body)
-    record = body["Records"][0]
-    for name, value in changes.items():
-        target = (
-            record if name in {"eventName", "eventTime", "eventSource"} else record["s3"]["object"]
-        )
-        if value is None:
-            target.pop(name, None)
-        else:
-            target[name] = value
+    """A copy with record fields or s3.object fields set, as `with_s3_record` makes it;
+    `EventName` follows the record's `eventName`, as MinIO sends it."""
+    body = with_s3_record(body, **changes)
     if "eventName" in changes and "EventName" in body:
         body["EventName"] = changes["eventName"]
     return body
@@ -196,8 +187,11 @@ def test_2017_format_with_aws_event_source() -> None:
 
 
 def test_redacted_issue_payload_without_bucket_is_malformed() -> None:
-    with pytest.raises(MalformedDelivery, match=r"Records\[0\]\.s3\.bucket\.name is missing"):
-        run(fixture("issue-15200-redacted-post.json"))
+    assert_malformed(
+        SOURCE,
+        fixture("issue-15200-redacted-post.json"),
+        r"Records\[0\]\.s3\.bucket\.name is missing",
+    )
 
 
 def test_record_without_any_marker_hashes_the_record() -> None:
@@ -278,8 +272,7 @@ def test_registry_finds_the_module() -> None:
     ],
 )
 def test_malformed_bodies_say_why(body: bytes, message: str) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        normalize(Delivery(source=SOURCE, body=body))
+    assert_malformed(SOURCE, body, message)
 
 
 @pytest.mark.parametrize(
@@ -294,41 +287,25 @@ def test_malformed_bodies_say_why(body: bytes, message: str) -> None:
     ],
 )
 def test_wrong_field_types_are_malformed(field: str, value: Any, message: str) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        run(with_record(fixture(PUT), **{field: value}))
+    assert_malformed(SOURCE, with_record(fixture(PUT), **{field: value}), message)
 
 
 # --- properties ----------------------------------------------------------------------------
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
-    ),
-    max_leaves=20,
-)
-
-
-def normalize_twice(body: bytes) -> None:
-    """Normalizing raises only MalformedDelivery, and is deterministic."""
-    try:
-        first = normalize(Delivery(source=SOURCE, body=body))
-    except MalformedDelivery:
-        return
-    assert [e.id for e in first] == [e.id for e in normalize(Delivery(source=SOURCE, body=body))]
+json_values = json_strategy(max_text=None, max_key=12, max_leaves=20)
 
 
 @settings(max_examples=300)
 @given(st.binary())
 def test_arbitrary_bytes_never_escape(body: bytes) -> None:
-    normalize_twice(body)
+    assert_only_malformed_and_deterministic(SOURCE, body)
 
 
 @settings(max_examples=300)
 @given(json_values)
 def test_arbitrary_json_never_escapes(value: Any) -> None:
-    normalize_twice(json.dumps(value).encode())
-    normalize_twice(json.dumps({"Records": [value]}).encode())
+    assert_only_malformed_and_deterministic(SOURCE, value)
+    assert_only_malformed_and_deterministic(SOURCE, {"Records": [value]})
 
 
 @settings(max_examples=300)
@@ -357,4 +334,4 @@ def test_mutated_real_records_never_escape(changes: list[tuple[str, Any]], name:
     body = with_record(fixture(DELETE), eventName=name)
     for field, value in changes:
         body = with_record(body, **{field: value if value is not None else 0})
-    normalize_twice(json.dumps(body).encode())
+    assert_only_malformed_and_deterministic(SOURCE, body)

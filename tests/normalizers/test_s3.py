@@ -2,58 +2,41 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from datetime import UTC, datetime
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from normalizer_support import (
+    assert_malformed,
+    assert_only_malformed_and_deterministic,
+    json_strategy,
+    load_fixture,
+    normalized,
+    single,
+    with_s3_record,
+)
 
 from streams.delivery import Delivery
 from streams.event import FileEvent
 from streams.normalizers import normalize as registry_normalize
-from streams.normalizers.base import MalformedDelivery, derived_id, record_hash_id
-from streams.normalizers.s3 import SOURCE, normalize
+from streams.normalizers.base import derived_id, record_hash_id
+from streams.normalizers.s3 import SOURCE
 
-FIXTURES = Path(__file__).parent / "fixtures" / "s3"
-
-
-def fixture(name: str) -> Any:
-    return json.loads((FIXTURES / name).read_text())
-
-
-def run(body: Any) -> list[FileEvent]:
-    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return normalize(Delivery(source=SOURCE, body=raw))
+fixture = partial(load_fixture, SOURCE)
+run = partial(normalized, SOURCE)
 
 
 def only(body: Any) -> FileEvent:
-    events = run(body)
-    assert len(events) == 1
-    return events[0]
+    return single(run(body))
 
 
 def sns_message(name: str) -> Any:
     """The S3 JSON inside one of the kafka-bind SNS envelopes."""
     return json.loads(fixture(name)["Message"])
-
-
-def with_record(body: Any, **changes: Any) -> Any:
-    """A copy of a one-record body with top-level record fields and s3.object fields changed."""
-    body = copy.deepcopy(body)
-    record = body["Records"][0]
-    for name, value in changes.items():
-        target = (
-            record if name in {"eventName", "eventTime", "eventSource"} else record["s3"]["object"]
-        )
-        if value is None:
-            target.pop(name, None)
-        else:
-            target[name] = value
-    return body
 
 
 def sns_envelope(s3_json: Any, message_id: str = "11111111-2222-3333-4444-555555555555") -> Any:
@@ -167,7 +150,7 @@ def test_unversioned_delete_removes_the_live_object() -> None:
 
 def test_delete_of_one_version_may_leave_the_key() -> None:
     # No public capture shows this; the docs describe it (S3-TYPES). Built from a real delete.
-    body = with_record(
+    body = with_s3_record(
         sns_message("kafka-bind-sns-object-removed.json"), versionId="3HL4kqtJlcpXroDTDmJ"
     )
     event = only(body)
@@ -179,7 +162,7 @@ def test_delete_of_one_version_may_leave_the_key() -> None:
 
 
 def test_delete_of_the_null_version_is_a_version_delete() -> None:
-    body = with_record(sns_message("kafka-bind-sns-object-removed.json"), versionId="null")
+    body = with_s3_record(sns_message("kafka-bind-sns-object-removed.json"), versionId="null")
     event = only(body)
     assert (event.version_id, event.version_only) == ("null", True)
 
@@ -203,12 +186,12 @@ def test_lifecycle_expiration_delete_unversioned() -> None:
 
 
 def test_lifecycle_expiration_delete_of_a_version() -> None:
-    body = with_record(fixture("doc-lifecycle-expiration-delete.json"), versionId="v1")
+    body = with_s3_record(fixture("doc-lifecycle-expiration-delete.json"), versionId="v1")
     assert only(body).version_only is True
 
 
 def test_lifecycle_delete_marker_created() -> None:
-    body = with_record(
+    body = with_s3_record(
         fixture("doc-lifecycle-expiration-delete.json"),
         eventName="LifecycleExpiration:DeleteMarkerCreated",
         versionId="marker-v",
@@ -218,7 +201,7 @@ def test_lifecycle_delete_marker_created() -> None:
 
 
 def test_same_key_and_sequencer_but_other_kind_gets_another_id() -> None:
-    put = with_record(
+    put = with_s3_record(
         fixture("doc-lifecycle-expiration-delete.json"), eventName="ObjectCreated:Put"
     )
     deleted = fixture("doc-lifecycle-expiration-delete.json")
@@ -246,7 +229,7 @@ def test_same_key_and_sequencer_but_other_kind_gets_another_id() -> None:
     ],
 )
 def test_kinds_without_content_change_are_dropped(event_name: str) -> None:
-    assert run(with_record(fixture("doc-put.json"), eventName=event_name)) == []
+    assert run(with_s3_record(fixture("doc-put.json"), eventName=event_name)) == []
 
 
 def test_sdk_glacier_restore_with_s3_prefix_is_dropped() -> None:
@@ -254,14 +237,14 @@ def test_sdk_glacier_restore_with_s3_prefix_is_dropped() -> None:
 
 
 def test_s3_prefixed_created_name_is_tolerated() -> None:
-    body = with_record(fixture("doc-put.json"), eventName="s3:ObjectCreated:Put")
+    body = with_s3_record(fixture("doc-put.json"), eventName="s3:ObjectCreated:Put")
     event = only(body)
     assert event.type == "created"
     assert event.id != only(fixture("doc-put.json")).id  # the verbatim name is in the id
 
 
 def test_dropped_kind_is_not_parsed_further() -> None:
-    body = with_record(fixture("doc-put.json"), eventName="ObjectTagging:Put")
+    body = with_s3_record(fixture("doc-put.json"), eventName="ObjectTagging:Put")
     body["Records"][0]["s3"] = "not an object"
     assert run(body) == []
 
@@ -305,7 +288,7 @@ def test_empty_records_give_no_events() -> None:
     ],
 )
 def test_keys_are_form_decoded(encoded: str, key: str) -> None:
-    assert only(with_record(fixture("doc-put.json"), key=encoded)).key == key
+    assert only(with_s3_record(fixture("doc-put.json"), key=encoded)).key == key
 
 
 def test_unicode_key_from_a_real_sample() -> None:
@@ -316,8 +299,9 @@ def test_unicode_key_from_a_real_sample() -> None:
 
 
 def test_key_that_is_not_utf8_is_malformed() -> None:
-    with pytest.raises(MalformedDelivery, match="percent-encoded UTF-8"):
-        run(with_record(fixture("doc-put.json"), key="bad%FF"))
+    assert_malformed(
+        SOURCE, with_s3_record(fixture("doc-put.json"), key="bad%FF"), "percent-encoded UTF-8"
+    )
 
 
 def test_sdk_sample_with_non_hex_sequencer() -> None:
@@ -363,7 +347,7 @@ def test_lambda_sqs_event_fixture_matches_its_body() -> None:
 
 
 def test_id_without_sequencer_uses_version_time_and_etag() -> None:
-    body = with_record(fixture("doc-put.json"), sequencer=None)
+    body = with_s3_record(fixture("doc-put.json"), sequencer=None)
     event = only(body)
     assert event.sequencer is None
     assert event.id == derived_id(
@@ -378,7 +362,7 @@ def test_id_without_sequencer_uses_version_time_and_etag() -> None:
 
 
 def test_id_without_any_marker_hashes_the_record() -> None:
-    body = with_record(
+    body = with_s3_record(
         fixture("doc-put.json"), sequencer=None, versionId=None, eTag=None, eventTime=None
     )
     event = only(body)
@@ -387,8 +371,8 @@ def test_id_without_any_marker_hashes_the_record() -> None:
 
 
 def test_quoted_etag_loses_one_pair_of_quotes() -> None:
-    assert only(with_record(fixture("doc-put.json"), eTag='"abc"')).etag == "abc"
-    assert only(with_record(fixture("doc-put.json"), eTag='""abc""')).etag == '"abc"'
+    assert only(with_s3_record(fixture("doc-put.json"), eTag='"abc"')).etag == "abc"
+    assert only(with_s3_record(fixture("doc-put.json"), eTag='""abc""')).etag == '"abc"'
 
 
 def test_registry_finds_the_module() -> None:
@@ -435,8 +419,7 @@ def test_registry_finds_the_module() -> None:
     ],
 )
 def test_malformed_bodies_say_why(body: bytes, message: str) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        normalize(Delivery(source=SOURCE, body=body))
+    assert_malformed(SOURCE, body, message)
 
 
 @pytest.mark.parametrize(
@@ -454,53 +437,38 @@ def test_malformed_bodies_say_why(body: bytes, message: str) -> None:
     ],
 )
 def test_wrong_field_types_are_malformed(field: str, value: Any, message: str) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        run(with_record(fixture("doc-put.json"), **{field: value}))
+    assert_malformed(SOURCE, with_s3_record(fixture("doc-put.json"), **{field: value}), message)
 
 
 def test_envelopes_nested_too_deep_are_malformed() -> None:
     body: Any = fixture("doc-put.json")
     for _ in range(4):
         body = sns_envelope(body)
-    with pytest.raises(MalformedDelivery, match="nested envelopes"):
-        run(body)
+    assert_malformed(SOURCE, body, "nested envelopes")
 
 
 # --- properties ----------------------------------------------------------------------------
 
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_values = json_strategy(max_text=None, max_key=12, max_leaves=20)
 field_names = st.sampled_from(
     ["eventName", "eventTime", "eventSource", "key", "size", "eTag", "versionId", "sequencer"]
 )
 
 
-def normalize_twice(body: bytes) -> None:
-    """Normalizing raises only MalformedDelivery, and is deterministic."""
-    try:
-        first = normalize(Delivery(source=SOURCE, body=body))
-    except MalformedDelivery:
-        return
-    assert [e.id for e in first] == [e.id for e in normalize(Delivery(source=SOURCE, body=body))]
-
-
 @settings(max_examples=300)
 @given(st.binary())
 def test_arbitrary_bytes_never_escape(body: bytes) -> None:
-    normalize_twice(body)
+    assert_only_malformed_and_deterministic(SOURCE, body)
 
 
 @settings(max_examples=300)
 @given(json_values)
 def test_arbitrary_json_never_escapes(value: Any) -> None:
-    normalize_twice(json.dumps(value).encode())
-    normalize_twice(json.dumps({"Records": [value]}).encode())
-    normalize_twice(json.dumps({"Type": "Notification", "Message": json.dumps(value)}).encode())
+    assert_only_malformed_and_deterministic(SOURCE, value)
+    assert_only_malformed_and_deterministic(SOURCE, {"Records": [value]})
+    assert_only_malformed_and_deterministic(
+        SOURCE, {"Type": "Notification", "Message": json.dumps(value)}
+    )
 
 
 @settings(max_examples=300)
@@ -508,5 +476,5 @@ def test_arbitrary_json_never_escapes(value: Any) -> None:
 def test_mutated_real_records_never_escape(changes: list[tuple[str, Any]], wrap: bool) -> None:
     body = fixture("doc-put.json")
     for name, value in changes:
-        body = with_record(body, **{name: value if value is not None else 0})
-    normalize_twice(json.dumps(sns_envelope(body) if wrap else body).encode())
+        body = with_s3_record(body, **{name: value if value is not None else 0})
+    assert_only_malformed_and_deterministic(SOURCE, sns_envelope(body) if wrap else body)

@@ -15,10 +15,16 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from normalizer_support import (
+    assert_malformed,
+    assert_only_malformed_and_deterministic,
+    mostly,
+    webhook_bodies,
+)
 
 from streams.delivery import Delivery
 from streams.event import FileEvent
-from streams.normalizers.base import MalformedDelivery, derived_id, record_hash_id
+from streams.normalizers.base import derived_id, record_hash_id
 from streams.normalizers.supabase import SOURCE, normalize
 
 V1 = "6d1d2a1e-5f1c-4e0b-9d0a-3a0f6c1b2e11"
@@ -289,25 +295,10 @@ def test_redelivery_with_max_retries_gets_the_same_ids() -> None:
     ],
 )
 def test_malformed_deliveries_say_why(body: dict[str, Any] | bytes, message: str) -> None:
-    with pytest.raises(MalformedDelivery, match=message):
-        normalize(delivery(body))
+    assert_malformed(SOURCE, delivery(body), message)
 
 
 # --- properties ------------------------------------------------------------------------
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=16,
-)
-
-
-def mostly(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    """Nine times in ten a plausible value, else any JSON value: deep paths get exercised."""
-    return st.integers(0, 9).flatmap(lambda n: json_values if n == 0 else valid)
-
 
 headers = st.dictionaries(st.text(max_size=20).map(str.lower), st.text(max_size=30), max_size=3)
 rows = st.fixed_dictionaries(
@@ -342,11 +333,7 @@ payloads = st.fixed_dictionaries(
         "old_record": mostly(rows),
     }
 )
-bodies = (
-    st.binary(max_size=300)
-    | json_values.map(lambda v: json.dumps(v).encode())
-    | payloads.map(lambda v: jsonb_text(v).encode())
-)
+bodies = webhook_bodies(payloads, lambda v: jsonb_text(v).encode())
 
 
 @settings(max_examples=300, deadline=None)
@@ -354,10 +341,6 @@ bodies = (
 def test_any_input_gives_events_or_malformed_and_stable_ids(
     body: bytes, extra_headers: dict[str, str]
 ) -> None:
-    try:
-        events = normalize(delivery(body, extra_headers))
-    except MalformedDelivery:
-        return
-    for event in events:
-        event.model_dump_json()
-    assert [e.id for e in normalize(delivery(body))] == [e.id for e in events]
+    assert_only_malformed_and_deterministic(
+        SOURCE, delivery(body, extra_headers), again=delivery(body)
+    )
