@@ -16,6 +16,10 @@ from streams.config import ConfigError, load_settings
 
 BRIDGES = {
     "webhook": "connectors.webhook",
+    "azure-queue": "connectors.azure_queue",
+    "pubsub": "connectors.pubsub",
+    "sqs": "connectors.sqs",
+    "reconcile": "connectors.reconcile",
 }
 
 

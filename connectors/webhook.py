@@ -133,6 +133,9 @@ from connectors.webhook_auth.base import PUBLISH, REJECT
 from streams.config import ConfigError, Settings, WebhookConfig, WebhookRouteConfig
 from streams.normalizers import SOURCES
 
+# Reconcile deliveries come from our own command, which publishes to Kafka directly.
+PUSH_SOURCES = tuple(source for source in SOURCES if source != "reconcile")
+
 log = logging.getLogger(__name__)
 
 ACCEPTED = Counter("bridge_webhook_accepted", "Deliveries published and acknowledged", ["source"])
@@ -168,7 +171,7 @@ def build_routes(
     environ = dict(os.environ) if environ is None else environ
     services = services or Services()
     routes: dict[str, Route] = {}
-    for source in SOURCES:
+    for source in PUSH_SOURCES:
         route_config = config.routes.get(source, WebhookRouteConfig())
         insecure = source in config.insecure_sources or route_config.insecure
         built = build_authenticator(source, route_config, environ, services, insecure)
@@ -217,7 +220,7 @@ async def receive(request: web.Request) -> web.StreamResponse:
     source = request.match_info["source"]
     route: Route | None = request.app[ROUTES_KEY].get(source)
     if route is None:
-        REJECTED.labels(source if source in SOURCES else "?", "no-route").inc()
+        REJECTED.labels(source if source in PUSH_SOURCES else "?", "no-route").inc()
         raise web.HTTPNotFound(text=f"no route for source {source!r}\n")
     methods = route.authenticator.methods
     if request.method not in methods:

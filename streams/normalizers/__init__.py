@@ -25,6 +25,7 @@ SOURCES: tuple[str, ...] = (
     "box",
     "cloudinary",
     "appwrite",
+    "reconcile",  # synthetic deliveries of `python -m connectors reconcile`
 )
 
 

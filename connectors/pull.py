@@ -1,0 +1,414 @@
+"""The pull-bridge loop, shared by queue bridges: receive, publish, delete only what Kafka holds.
+
+A pull bridge reads a provider queue (SQS; an Azure Storage Queue or a Pub/Sub subscription
+fits the same shape) and publishes every message's bytes, exactly as received, to a raw
+topic. The rule it exists for: **a message is deleted from its queue only after Kafka
+acknowledged its write.** A message whose publish failed is left alone; the queue delivers it
+again once its visibility timeout (lease) runs out, and the stream drops any copy by event id.
+
+The loop (`PullBridge.run`):
+
+1. Wait for a free slot: at most `max_in_flight` messages are between "received" and
+   "deleted or left" at any time (bounded memory and bounded redelivery on a crash).
+2. Receive up to `min(queue.max_batch, free slots)` messages (a long poll).
+3. Hand the batch to its own task, and go back to 1 (the next long poll runs while the batch
+   is published). The task publishes each message (concurrently; `publish` returns only once
+   Kafka acknowledged it, else raises `PublishFailed`), then deletes **exactly the
+   acknowledged ones** in one batch call. The unacknowledged ones are never deleted.
+4. Errors back off exponentially (0.5 s doubling to 30 s, reset by a good round): a failed
+   receive, and a batch with any failed publish (Kafka is likely down: receiving more only to
+   fail again would churn the queue). A failed delete is retried a few times; what still
+   fails comes back from the queue later and the stream drops the copy.
+
+Shutdown (`stop` set, e.g. by SIGINT/SIGTERM): no new receive starts; a long poll in progress
+cannot be interrupted (it ends within its wait time), and whatever it returns is released
+back to the queue at once, unpublished; every batch in flight finishes publishing and deletes
+what Kafka acknowledged; then `run` returns.
+
+A `FatalQueueError` (the queue does not exist, credentials missing or rejected, access
+denied) ends the loop the same way and is raised: the command prints it as one line and
+exits non-zero.
+
+Metrics (Prometheus, labels `bridge`, `queue`): `bridge_pull_received_total`,
+`bridge_pull_published_total` (Kafka acknowledged), `bridge_pull_deleted_total`,
+`bridge_pull_publish_failures_total` (left in the queue), `bridge_pull_delete_failures_total`,
+`bridge_pull_receive_errors_total`, `bridge_pull_released_total` (handed back at shutdown),
+and the gauge `bridge_pull_in_flight`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from prometheus_client import Counter, Gauge, start_http_server
+
+from connectors.publisher import PublishFailed, RawPublisher, raw_headers
+
+log = logging.getLogger(__name__)
+
+_LABELS = ("bridge", "queue")
+RECEIVED = Counter("bridge_pull_received", "Messages received from the queue", _LABELS)
+PUBLISHED = Counter("bridge_pull_published", "Messages whose write Kafka acknowledged", _LABELS)
+DELETED = Counter(
+    "bridge_pull_deleted", "Messages deleted from the queue after Kafka acknowledged them", _LABELS
+)
+PUBLISH_FAILURES = Counter(
+    "bridge_pull_publish_failures",
+    "Messages left in the queue (for redelivery) because Kafka did not acknowledge them",
+    _LABELS,
+)
+DELETE_FAILURES = Counter(
+    "bridge_pull_delete_failures",
+    "Published messages the queue did not delete (they come back; the stream drops the copy)",
+    _LABELS,
+)
+RECEIVE_ERRORS = Counter("bridge_pull_receive_errors", "Failed receive calls", _LABELS)
+RELEASED = Counter("bridge_pull_released", "Messages handed back unpublished at shutdown", _LABELS)
+IN_FLIGHT = Gauge("bridge_pull_in_flight", "Messages received and not yet settled", _LABELS)
+
+DELETE_ATTEMPTS = 3
+
+
+class QueueError(Exception):
+    """A queue call failed in a way that may pass (network, throttling, 5xx): back off."""
+
+
+class FatalQueueError(Exception):
+    """The queue cannot be used as configured (missing, no or bad credentials, no access).
+
+    The message is one line saying what is wrong; the bridge exits non-zero.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Pulled:
+    """One message as received: its bytes, its transport id, its attributes, its handle."""
+
+    body: bytes
+    delivery_id: str
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    handle: Any = None
+    """What the queue needs to delete or release the message (an SQS receipt handle)."""
+
+
+class PullQueue(Protocol):
+    """What the loop needs from a queue. Calls raise QueueError or FatalQueueError."""
+
+    name: str
+    max_batch: int
+
+    async def check(self) -> None:
+        """Prove the queue exists and the credentials work (FatalQueueError if not)."""
+
+    async def receive(self, max_messages: int) -> list[Pulled]:
+        """Up to `max_messages` messages (a long poll: may wait, may return none)."""
+        ...
+
+    async def delete(self, messages: Sequence[Pulled]) -> list[Pulled]:
+        """Delete the messages; return those the queue did not delete."""
+        ...
+
+    async def release(self, messages: Sequence[Pulled]) -> None:
+        """Make the messages visible again at once (best effort)."""
+
+
+class Publisher(Protocol):
+    async def publish(
+        self, value: bytes, headers: list[tuple[str, bytes]], key: bytes | None = None
+    ) -> None: ...
+
+
+class Backoff:
+    """Exponential delays with jitter: 0.5 s, 1 s, 2 s ... up to `maximum`; `reset` restarts."""
+
+    def __init__(self, initial_s: float = 0.5, maximum_s: float = 30.0) -> None:
+        self.initial_s = initial_s
+        self.maximum_s = maximum_s
+        self._next = initial_s
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._next * 2, self.maximum_s)
+        return delay * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self._next = self.initial_s
+
+
+async def sleep_unless(stop: asyncio.Event, delay_s: float) -> None:
+    """Sleep `delay_s`, or less if `stop` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), delay_s)
+
+
+class PullBridge:
+    """The loop of one pull bridge (see the module docstring)."""
+
+    def __init__(
+        self,
+        queue: PullQueue,
+        publisher: Publisher,
+        bridge: str,
+        source: str,
+        transport: str,
+        max_in_flight: int = 100,
+        backoff: Backoff | None = None,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be at least 1")
+        self.queue = queue
+        self.publisher = publisher
+        self.source = source
+        self.transport = transport
+        self.max_in_flight = max_in_flight
+        self.backoff = backoff or Backoff()
+        self._labels = {"bridge": bridge, "queue": queue.name}
+        for metric in (
+            RECEIVED,
+            PUBLISHED,
+            DELETED,
+            PUBLISH_FAILURES,
+            DELETE_FAILURES,
+            RECEIVE_ERRORS,
+            RELEASED,
+            IN_FLIGHT,
+        ):
+            metric.labels(**self._labels)  # every series exists from the start, at 0
+        self._in_flight = 0
+        self._settled = asyncio.Event()
+        self._kafka_failing = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Receive, publish and delete until `stop` is set (or a FatalQueueError, raised)."""
+        try:
+            while not stop.is_set():
+                free = await self._free_slots(stop)
+                if stop.is_set():
+                    break
+                if self._kafka_failing:
+                    await sleep_unless(stop, self.backoff.next())
+                    if stop.is_set():
+                        break
+                messages = await self._receive(min(self.queue.max_batch, free), stop)
+                if not messages:
+                    continue
+                if stop.is_set():
+                    await self._release(messages)
+                    break
+                self._start_batch(messages)
+        finally:
+            # Every batch in flight publishes and deletes what Kafka acknowledged.
+            while self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _free_slots(self, stop: asyncio.Event) -> int:
+        while self._in_flight >= self.max_in_flight and not stop.is_set():
+            self._settled.clear()
+            waiters = [
+                asyncio.ensure_future(self._settled.wait()),
+                asyncio.ensure_future(stop.wait()),
+            ]
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+        return self.max_in_flight - self._in_flight
+
+    async def _receive(self, max_messages: int, stop: asyncio.Event) -> list[Pulled]:
+        try:
+            messages = await self.queue.receive(max_messages)
+        except FatalQueueError:
+            raise
+        except Exception as exc:
+            RECEIVE_ERRORS.labels(**self._labels).inc()
+            delay = self.backoff.next()
+            log.warning(
+                "receive from %s failed (%s); retrying in %.1f s", self.queue.name, exc, delay
+            )
+            await sleep_unless(stop, delay)
+            return []
+        if messages:
+            RECEIVED.labels(**self._labels).inc(len(messages))
+        elif not self._kafka_failing:
+            self.backoff.reset()
+        return messages
+
+    async def _release(self, messages: Sequence[Pulled]) -> None:
+        try:
+            await self.queue.release(messages)
+        except Exception as exc:  # they come back after their visibility timeout instead
+            log.warning("could not release %d messages at shutdown: %s", len(messages), exc)
+        RELEASED.labels(**self._labels).inc(len(messages))
+
+    def _start_batch(self, messages: list[Pulled]) -> None:
+        self._in_flight += len(messages)
+        IN_FLIGHT.labels(**self._labels).inc(len(messages))
+        task = asyncio.ensure_future(self._settle(messages))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _settle(self, messages: list[Pulled]) -> None:
+        """Publish the batch, then delete exactly the messages Kafka acknowledged."""
+        try:
+            outcomes = await asyncio.gather(*(self._publish(message) for message in messages))
+            acknowledged = [message for message, ok in zip(messages, outcomes, strict=True) if ok]
+            failed = len(messages) - len(acknowledged)
+            if failed:
+                self._kafka_failing = True
+                log.warning(
+                    "%d of %d messages from %s not acknowledged by Kafka; left in the queue "
+                    "for redelivery",
+                    failed,
+                    len(messages),
+                    self.queue.name,
+                )
+            else:
+                if self._kafka_failing:
+                    log.info("Kafka acknowledges writes again")
+                self._kafka_failing = False
+                self.backoff.reset()
+            if acknowledged:
+                await self._delete(acknowledged)
+        except Exception:  # a bug here must not kill the loop; the messages come back
+            log.exception("settling a batch from %s failed", self.queue.name)
+        finally:
+            self._in_flight -= len(messages)
+            IN_FLIGHT.labels(**self._labels).dec(len(messages))
+            self._settled.set()
+
+    async def _publish(self, message: Pulled) -> bool:
+        headers = raw_headers(
+            self.source,
+            self.transport,
+            attributes=message.attributes,
+            delivery_id=message.delivery_id,
+        )
+        try:
+            await self.publisher.publish(message.body, headers)
+        except PublishFailed as exc:
+            PUBLISH_FAILURES.labels(**self._labels).inc()
+            log.debug("message %s not acknowledged: %s", message.delivery_id, exc)
+            return False
+        except Exception:
+            PUBLISH_FAILURES.labels(**self._labels).inc()
+            log.exception("publishing message %s failed", message.delivery_id)
+            return False
+        PUBLISHED.labels(**self._labels).inc()
+        return True
+
+    async def _delete(self, acknowledged: list[Pulled]) -> None:
+        """Delete messages Kafka holds; retry the call a few times, never more than these."""
+        for attempt in range(1, DELETE_ATTEMPTS + 1):
+            try:
+                left = await self.queue.delete(acknowledged)
+            except FatalQueueError as exc:
+                left, error = list(acknowledged), str(exc)
+            except Exception as exc:
+                if attempt < DELETE_ATTEMPTS:
+                    await asyncio.sleep(0.2 * 2**attempt)
+                    continue
+                left, error = list(acknowledged), str(exc)
+            else:
+                error = "the queue refused them"
+            DELETED.labels(**self._labels).inc(len(acknowledged) - len(left))
+            if left:
+                DELETE_FAILURES.labels(**self._labels).inc(len(left))
+                log.warning(
+                    "%d published messages not deleted from %s (%s); they will be delivered "
+                    "again and the stream drops the copies",
+                    len(left),
+                    self.queue.name,
+                    error,
+                )
+            return
+
+
+async def start_publisher(publisher: RawPublisher, stop: asyncio.Event) -> bool:
+    """Start the publisher (it retries while Kafka is unreachable); False if stopped first."""
+    starting = asyncio.ensure_future(publisher.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if starting.done():
+        starting.result()
+        return True
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
+    await publisher.stop()
+    return False
+
+
+def fail(bridge: str, message: str) -> int:
+    """Print the one-line error a bridge exits with; the exit code."""
+    print(f"connectors {bridge}: {message}", file=sys.stderr)
+    return 1
+
+
+async def serve(
+    bridge_name: str,
+    bridge: PullBridge,
+    publisher: RawPublisher,
+    metrics_port: int | None = None,
+    stop: asyncio.Event | None = None,
+    metrics_host: str = "127.0.0.1",
+) -> int:
+    """Run one pull bridge as a command; the exit code.
+
+    Checks the queue first (a missing queue or bad credentials fail fast, whether Kafka is up
+    or not: one line on stderr, exit 1), then connects to Kafka (retrying while it is
+    unreachable), then loops until SIGINT or SIGTERM (exit 0 once the batches in flight are
+    settled). `bridge.publisher` must be `publisher`.
+    """
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    queue = bridge.queue
+    backoff = Backoff()
+    while True:
+        try:
+            await queue.check()
+            break
+        except FatalQueueError as exc:
+            return fail(bridge_name, str(exc))
+        except QueueError as exc:
+            delay = backoff.next()
+            log.warning("cannot reach queue %s (%s); retrying in %.1f s", queue.name, exc, delay)
+            await sleep_unless(stop, delay)
+            if stop.is_set():
+                return 0
+    if metrics_port is not None:
+        start_http_server(metrics_port, addr=metrics_host)
+    if not await start_publisher(publisher, stop):
+        return 0
+    log.info(
+        "%s bridge: %s -> Kafka topic %s (source %s), up to %d messages in flight",
+        bridge_name,
+        queue.name,
+        publisher.topic,
+        bridge.source,
+        bridge.max_in_flight,
+    )
+    try:
+        await bridge.run(stop)
+    except FatalQueueError as exc:
+        return fail(bridge_name, str(exc))
+    finally:
+        await publisher.stop()
+    log.info("%s bridge stopped", bridge_name)
+    return 0

@@ -1,0 +1,325 @@
+"""`python -m connectors reconcile`: the drift rules, then the command against moto + Kafka.
+
+(Not `test_reconcile.py`: that basename is the normalizer's test, and pytest imports test
+modules by basename.)
+
+The end-to-end test needs the worker to know the `reconcile` source (`SOURCES` in
+`streams/normalizers/__init__.py`); without it the synthetic deliveries are dead-lettered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.kafka_io import produce, raw, read_topic
+from support.moto_server import aws_client, unique_name
+from support.worker import ROOT, Topology, Worker, wait_for
+
+from connectors.reconcile import Known, Listed, last_events, plan
+from streams.config import InstanceConfig
+from streams.delivery import Delivery
+from streams.normalizers import SOURCES
+from streams.normalizers.reconcile import normalize
+from streams.rules import Filtered, apply_instance
+
+pytest_plugins = ["support.moto_server"]
+
+T0 = datetime(2026, 11, 30, 0, 0, tzinfo=UTC)
+NOW = datetime(2026, 11, 30, 1, 0, tzinfo=UTC)
+TENANT = InstanceConfig.model_validate(
+    {"name": "tenant-a", "bucket": "shared", "prefix": "tenant-a", "plugins": ["versioning"]}
+)
+
+
+def listed(key: str, etag: str = "e1", size: int = 3) -> Listed:
+    return Listed(key=f"tenant-a/{key}", etag=f'"{etag}"', size=size, last_modified=T0)
+
+
+def known(key: str, event_type: str = "created", etag: str | None = "e1") -> Known:
+    return Known(key=key, type=event_type, etag=etag, time=T0 - timedelta(minutes=5))
+
+
+def test_drift_rules() -> None:
+    result = plan(
+        [
+            listed("same.txt"),
+            listed("never-notified.txt"),
+            listed("deleted-in-stream.txt"),
+            listed("overwritten.txt", etag="e2"),
+            listed("no-etag-in-stream.txt"),
+            listed(".versions/same.txt/1"),  # the versioning plugin's own: never emitted
+        ],
+        {
+            key: value
+            for key, value in [
+                ("same.txt", known("same.txt")),
+                ("deleted-in-stream.txt", known("deleted-in-stream.txt", "deleted")),
+                ("overwritten.txt", known("overwritten.txt")),
+                ("no-etag-in-stream.txt", known("no-etag-in-stream.txt", etag=None)),
+                ("gone.txt", known("gone.txt")),
+                ("gone-and-known.txt", known("gone-and-known.txt", "deleted")),
+            ]
+        },
+        TENANT,
+        "shared",
+        NOW,
+    )
+    assert [(drift.type, drift.key, drift.reason) for drift in result.drifts] == [
+        ("created", "tenant-a/never-notified.txt", "not-in-stream"),
+        ("created", "tenant-a/deleted-in-stream.txt", "deleted-in-stream"),
+        ("created", "tenant-a/overwritten.txt", "etag-differs"),
+        ("deleted", "tenant-a/gone.txt", "not-listed"),
+    ]
+    assert (result.listed, result.ignored, result.known, result.in_sync) == (5, 1, 4, 2)
+
+
+def test_a_drift_normalizes_to_the_event_the_stream_missed_and_then_no_drift_is_left() -> None:
+    listing = [listed("new.txt", etag="e9", size=9)]
+    stream = {"gone.txt": known("gone.txt")}
+    first = plan(listing, stream, TENANT, "shared", NOW)
+    assert len(first.drifts) == 2
+    for drift in first.drifts:
+        [event] = normalize(Delivery(source="reconcile", body=drift.value()))
+        seen = apply_instance(event, TENANT)
+        assert not isinstance(seen, Filtered)
+        assert event.id == drift.body["id"]
+        assert event.time == NOW
+        stream[seen.key] = Known(seen.key, seen.type, seen.etag, seen.time)
+    created = stream["new.txt"]
+    assert (created.type, created.etag) == ("created", "e9")
+    assert stream["gone.txt"].type == "deleted"
+    # The same drift seen twice before the stream caught up has the same ids.
+    again = plan(listing, {"gone.txt": known("gone.txt")}, TENANT, "shared", NOW)
+    assert [d.body["id"] for d in again.drifts] == [d.body["id"] for d in first.drifts]
+    # Once the stream caught up, nothing is left.
+    assert plan(listing, stream, TENANT, "shared", NOW).drifts == []
+
+
+def test_the_stream_state_is_the_last_event_per_key_of_this_bucket() -> None:
+    def event(key: str, event_type: str, bucket: str = "shared", **more: Any) -> bytes:
+        return json.dumps({"key": key, "type": event_type, "bucket": bucket, **more}).encode()
+
+    state = last_events(
+        [
+            event("a", "created", etag='"e1"', time="2026-11-30T00:00:00Z"),
+            event("a", "deleted"),
+            event("b", "created", etag="e2"),
+            event("b", "deleted", version_only=True),  # a noncurrent version: b lives on
+            event("c", "created", bucket="elsewhere"),
+            b"not json",
+            None,
+        ],
+        "shared",
+    )
+    assert {key: (k.type, k.etag) for key, k in state.items()} == {
+        "a": ("deleted", None),
+        "b": ("created", "e2"),
+    }
+
+
+# --- against moto and the real broker -------------------------------------------------------
+
+
+class Setup:
+    def __init__(self, endpoint: str, bootstrap: str, names: Topology, worker: Worker) -> None:
+        self.endpoint, self.bootstrap, self.names, self.worker = endpoint, bootstrap, names, worker
+        self.s3 = aws_client(endpoint, "s3")
+        self.sqs = aws_client(endpoint, "sqs")
+
+    def reconcile(
+        self, *extra: str, config: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "connectors",
+                "--config",
+                str(config or self.worker.config_path),
+                "reconcile",
+                "--endpoint-url",
+                self.endpoint,
+                *extra,
+            ],
+            cwd=ROOT,
+            env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": self.bootstrap},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    def events(self) -> list[dict[str, Any]]:
+        reads = asyncio.run(read_topic(self.bootstrap, self.names.output("tenant-a")))
+        return [read.json() for read in reads]
+
+    def wait_for(self, wanted: Callable[[list[dict[str, Any]]], bool], what: str) -> None:
+        def ready() -> bool:
+            return wanted(self.events())
+
+        try:
+            wait_for(ready, 45, what, interval_s=0.3)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; worker log:\n{self.worker.tail()}") from None
+
+    def relay(self, queue_url: str) -> int:
+        """What the SQS bridge does (tested in test_sqs.py): queue messages -> raw topic."""
+        moved = 0
+        while True:
+            messages = self.sqs.receive_message(
+                QueueUrl=queue_url, MaxNumberOfMessages=10, WaitTimeSeconds=0
+            ).get("Messages", [])
+            if not messages:
+                return moved
+            asyncio.run(
+                produce(
+                    self.bootstrap,
+                    self.names.raw,
+                    [raw(message["Body"], "s3", transport="sqs") for message in messages],
+                )
+            )
+            self.sqs.delete_message_batch(
+                QueueUrl=queue_url,
+                Entries=[
+                    {"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]}
+                    for i, m in enumerate(messages)
+                ],
+            )
+            moved += len(messages)
+
+
+BUCKET = unique_name("reconciled")
+
+
+@pytest.fixture(scope="module")
+def setup(
+    moto_server: str, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Setup]:
+    names = Topology()
+    config = names.config(
+        [{"name": "tenant-a", "bucket": BUCKET, "prefix": "tenant-a", "plugins": ["versioning"]}]
+    )
+    worker = Worker(kafka_bootstrap, config, tmp_path_factory.mktemp("reconcile-worker")).start()
+    try:
+        yield Setup(moto_server, kafka_bootstrap, names, worker)
+    finally:
+        assert worker.stop() == 0, worker.tail()
+
+
+def summary(result: subprocess.CompletedProcess[str]) -> dict[str, str]:
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("reconcile "), result.stdout
+    return dict(part.split("=", 1) for part in last.split()[1:] if "=" in part)
+
+
+def has(events: list[dict[str, Any]], *wanted: tuple[str, str, str]) -> bool:
+    return set(wanted) <= {(e["type"], e["key"], e["provider"]) for e in events}
+
+
+@pytest.mark.kafka
+def test_reconcile_publishes_the_missed_changes_once(setup: Setup) -> None:
+    assert "reconcile" in SOURCES, (
+        "the worker cannot read source=reconcile yet: add it to SOURCES in "
+        "streams/normalizers/__init__.py"
+    )
+    s3 = setup.s3
+    queue_url = setup.sqs.create_queue(QueueName=unique_name("q"))["QueueUrl"]
+    queue_arn = setup.sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_bucket_notification_configuration(
+        Bucket=BUCKET,
+        NotificationConfiguration={
+            "QueueConfigurations": [
+                {
+                    "QueueArn": queue_arn["Attributes"]["QueueArn"],
+                    "Events": ["s3:ObjectCreated:*", "s3:ObjectRemoved:*"],
+                }
+            ]
+        },
+    )
+    s3.put_object(Bucket=BUCKET, Key="tenant-a/keep.txt", Body=b"keep")
+    s3.put_object(Bucket=BUCKET, Key="tenant-a/gone.txt", Body=b"gone")
+    s3.put_object(Bucket=BUCKET, Key="tenant-a/.versions/keep.txt/1", Body=b"v1")
+    s3.put_object(Bucket=BUCKET, Key="other-tenant/x.txt", Body=b"not ours")
+    assert setup.relay(queue_url) >= 5
+    setup.wait_for(
+        lambda events: has(events, ("created", "keep.txt", "s3"), ("created", "gone.txt", "s3")),
+        "the notified objects",
+    )
+
+    # Changes nobody is told about: notifications off, one delete, one new object.
+    s3.put_bucket_notification_configuration(Bucket=BUCKET, NotificationConfiguration={})
+    s3.delete_object(Bucket=BUCKET, Key="tenant-a/gone.txt")
+    etag = s3.put_object(Bucket=BUCKET, Key="tenant-a/new file.txt", Body=b"fresh")["ETag"]
+    setup.relay(queue_url)  # whatever moto queued (a test event at most) still goes in
+
+    dry = setup.reconcile("--instance", "tenant-a", "--dry-run")
+    assert summary(dry)["published"] == "0"
+    assert "deleted tenant-a/gone.txt (not-listed)" in dry.stdout
+    assert "created tenant-a/new file.txt (not-in-stream)" in dry.stdout
+
+    first = summary(setup.reconcile("--instance", "tenant-a"))
+    assert first == {
+        "instance": "tenant-a",
+        "bucket": BUCKET,
+        "listed": "2",
+        "known": "2",
+        "in_sync": "1",
+        "created": "1",
+        "deleted": "1",
+        "published": "2",
+    }
+    setup.wait_for(
+        lambda events: has(
+            events,
+            ("deleted", "gone.txt", "reconcile"),
+            ("created", "new file.txt", "reconcile"),
+        ),
+        "the reconciled changes",
+    )
+    events = setup.events()
+    created = next(e for e in events if e["key"] == "new file.txt")
+    assert (created["etag"], created["size"], created["bucket"]) == (etag.strip('"'), 5, BUCKET)
+    assert [e["type"] for e in events if e["key"] == "gone.txt"] == ["created", "deleted"]
+    assert {e["key"] for e in events} == {"keep.txt", "gone.txt", "new file.txt"}
+
+    second = summary(setup.reconcile("--instance", "tenant-a"))
+    assert (second["created"], second["deleted"], second["published"]) == ("0", "0", "0")
+    assert (second["listed"], second["known"], second["in_sync"]) == ("2", "2", "2")
+    assert len(setup.events()) == len(events)
+
+
+@pytest.mark.kafka
+def test_a_missing_bucket_or_instance_is_one_line(setup: Setup, tmp_path: Path) -> None:
+    every_bucket = tmp_path / "every-bucket.toml"
+    every_bucket.write_text('[[instances]]\nname = "all"\n')
+    missing = setup.reconcile("--instance", "all", "--bucket", "nope-123", config=every_bucket)
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == (
+        "connectors reconcile: listing bucket nope-123 failed: NoSuchBucket: "
+        "The specified bucket does not exist"
+    )
+    unnamed = setup.reconcile("--instance", "all", config=every_bucket)
+    assert unnamed.returncode == 2
+    assert unnamed.stderr.strip() == (
+        "connectors reconcile: instance 'all' takes every bucket; name the one to list with "
+        "--bucket"
+    )
+    other = setup.reconcile("--instance", "tenant-a", "--bucket", "nope-123")
+    assert other.returncode == 2
+    assert "keeps bucket" in other.stderr and len(other.stderr.strip().splitlines()) == 1
+    unknown = setup.reconcile("--instance", "tenant-z")
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == (
+        "connectors reconcile: no instance named 'tenant-z' (configured: tenant-a)"
+    )
