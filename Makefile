@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 
 .PHONY: install kafka kafka-stop kafka-fetch run test test-fast tail lint format bench clean
 
-install: $(STAMP) node_modules/.installed
+install: $(STAMP) node_modules/.installed redis-server
 
 # Re-installs only when pyproject.toml changed: a second `make install` does nothing slow.
 $(STAMP): pyproject.toml
@@ -23,6 +23,13 @@ $(STAMP): pyproject.toml
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	@touch node_modules/.installed
+
+# Debian's redis-server, which the consumer library's tests start (tests/support/redis_server.py).
+.PHONY: redis-server
+redis-server:
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server; \
+	  else echo "redis-server is missing: run 'sudo apt-get install redis-server', then make again" >&2; exit 1; fi; }
 
 kafka:
 	@$(PYTHON) dev/kafka/localkafka.py start
@@ -48,11 +55,11 @@ tail: install
 	@$(BIN)/python -m streams tail --instance $(INSTANCE)
 
 lint: install
-	$(BIN)/ruff check streams connectors tests dev
+	$(BIN)/ruff check streams connectors fileevents tests dev benchmarks examples
 	$(BIN)/mypy
 
 format: install
-	$(BIN)/ruff format streams connectors tests dev
+	$(BIN)/ruff format streams connectors fileevents tests dev benchmarks examples
 
 bench: install kafka-fetch
 	$(BIN)/python -m benchmarks.normalizers

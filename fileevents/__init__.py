@@ -1,0 +1,36 @@
+"""fileevents: handlers for an instance's canonical file events, on Kafka.
+
+    events = FileEvents(bootstrap_servers="127.0.0.1:9092", instance="uploads",
+                        group_id="thumbnails")
+
+    @events.on("created")
+    async def make_thumbnail(event: FileEvent) -> None: ...
+
+    await events.run()
+
+See fileevents/README.md for the guarantees and examples/ for runnable programs.
+"""
+
+from fileevents.app import FileEvents, default_topic
+from fileevents.context import EventContext
+from fileevents.dedupe import DedupeStore, MemoryDedupeStore, RedisDedupeStore
+from fileevents.errors import EventDecodeError, Failure, OnError, log_failure
+from fileevents.processing import Outcome
+from fileevents.retry import RetryPolicy
+from streams.event import FileEvent
+
+__all__ = [
+    "DedupeStore",
+    "EventContext",
+    "EventDecodeError",
+    "Failure",
+    "FileEvent",
+    "FileEvents",
+    "MemoryDedupeStore",
+    "OnError",
+    "Outcome",
+    "RedisDedupeStore",
+    "RetryPolicy",
+    "default_topic",
+    "log_failure",
+]

@@ -1,0 +1,359 @@
+"""`FileEvents`: handlers for one storage instance's canonical event topic.
+
+The consumer side of the product: it reads `files.events.<instance>` with `read_committed`,
+runs the registered handlers per event, and commits an offset only once its event is done
+with (handled, skipped as a duplicate, or dead-lettered after its retries).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import threading
+from collections import Counter
+from collections.abc import Callable, Collection, Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.structs import ConsumerRecord
+
+from fileevents.deadletter import DeadLetterWriter
+from fileevents.dedupe import DedupeStore
+from fileevents.errors import OnError, log_failure
+from fileevents.partition import PartitionWorker
+from fileevents.processing import EventProcessor, Outcome
+from fileevents.registry import H, Registry, Selector
+from fileevents.retry import RetryPolicy
+
+logger = logging.getLogger("fileevents")
+
+_FIXED_CONSUMER_SETTINGS = frozenset(
+    {"bootstrap_servers", "group_id", "enable_auto_commit", "isolation_level"}
+)
+_FIXED_PRODUCER_SETTINGS = frozenset({"bootstrap_servers", "acks", "enable_idempotence"})
+_FETCH_TIMEOUT_MS = 200
+
+
+def default_topic(instance: str) -> str:
+    """The stream's output topic of `instance`."""
+    return f"files.events.{instance}"
+
+
+class FileEvents:
+    """Register handlers with `on`, then `await run()`.
+
+    `bootstrap_servers`, `group_id` and `instance` (or an explicit `topic`) are required.
+    `dedupe`: an optional `DedupeStore`, ids kept for `dedupe_ttl`. `on_error`: called for
+    every failure (default: log it). `retry`: attempts and backoff before an event is
+    dead-lettered to `dead_letter_topic` (default `<topic>.dead-letter`). `commit_interval`:
+    the shortest time between two offset commits. `max_buffered`: records fetched ahead per
+    partition before fetching it pauses. `consumer_config` / `producer_config`: more
+    aiokafka settings (security, `group_instance_id`, timeouts); the ones the guarantees
+    rest on (auto commit off, `read_committed`, `acks=all`, idempotence) cannot be changed.
+    """
+
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: str | list[str],
+        group_id: str,
+        instance: str | None = None,
+        topic: str | None = None,
+        dedupe: DedupeStore | None = None,
+        dedupe_ttl: timedelta = timedelta(hours=24),
+        on_error: OnError = log_failure,
+        retry: RetryPolicy | None = None,
+        dead_letter_topic: str | None = None,
+        commit_interval: timedelta = timedelta(seconds=1),
+        max_buffered: int = 1000,
+        handle_signals: bool = True,
+        consumer_config: Mapping[str, Any] | None = None,
+        producer_config: Mapping[str, Any] | None = None,
+    ) -> None:
+        if topic is None:
+            if instance is None:
+                raise ValueError("FileEvents needs an `instance` (or a `topic`)")
+            topic = default_topic(instance)
+        if not group_id:
+            raise ValueError("FileEvents needs a `group_id`: commits belong to a consumer group")
+        if dedupe_ttl <= timedelta(0):
+            raise ValueError("dedupe_ttl must be positive")
+        if max_buffered < 1:
+            raise ValueError("max_buffered must be at least 1")
+        for given, fixed in (
+            (consumer_config, _FIXED_CONSUMER_SETTINGS),
+            (producer_config, _FIXED_PRODUCER_SETTINGS),
+        ):
+            clash = sorted(fixed & set(given or {}))
+            if clash:
+                raise ValueError(f"these settings are fixed by FileEvents: {', '.join(clash)}")
+        self.bootstrap_servers = bootstrap_servers
+        self.group_id = group_id
+        self.topic = topic
+        self.dead_letter_topic = dead_letter_topic or f"{topic}.dead-letter"
+        self.dedupe = dedupe
+        self.dedupe_ttl = dedupe_ttl
+        self.on_error = on_error
+        self.retry = retry or RetryPolicy()
+        self.commit_interval = commit_interval
+        self.max_buffered = max_buffered
+        self.handle_signals = handle_signals
+        self.consumer_config = dict(consumer_config or {})
+        self.producer_config = dict(producer_config or {})
+        self.outcomes: Counter[str] = Counter()
+        """How many records ended each way (`Outcome` values), since this object exists."""
+        self._registry = Registry()
+        self._running = False
+        self._stop_requested = asyncio.Event()
+        self._run_task: asyncio.Task[Any] | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._processor: EventProcessor | None = None
+        self._workers: dict[TopicPartition, PartitionWorker] = {}
+        self._done: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._commit_lock = asyncio.Lock()
+        self._to_commit = asyncio.Event()
+
+    # -- registration -------------------------------------------------------------------
+
+    def on(self, selector: Selector = "*") -> Callable[[H], H]:
+        """Decorator: run the handler for events of type `selector` (`created`, `deleted`,
+        or `*` for all). Handlers are `async def handler(event)` or
+        `async def handler(event, context)`; the context is an `EventContext`."""
+
+        def register(handler: H) -> H:
+            self._registry.add(selector, handler)
+            return handler
+
+        return register
+
+    def add_handler(self, selector: Selector, handler: H) -> H:
+        """`on` without the decorator."""
+        return self.on(selector)(handler)
+
+    @property
+    def assignment(self) -> frozenset[TopicPartition]:
+        """The partitions this consumer handles right now (empty when not running)."""
+        return frozenset(self._workers)
+
+    # -- running ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask `run` to stop gracefully: fetch no more, finish the event in progress on each
+        partition, commit, return. Safe to call from a signal handler on the loop."""
+        self._stop_requested.set()
+        for worker in self._workers.values():
+            worker.request_stop()  # at once: no event starts after this call
+
+    async def run(self) -> None:
+        """Consume until `stop()`, SIGTERM or SIGINT (graceful), or cancellation (abrupt:
+        handlers in progress are cancelled and their events stay uncommitted)."""
+        if self._running:
+            raise RuntimeError("FileEvents.run is already running")
+        if not len(self._registry):
+            raise RuntimeError("no handler registered: use @events.on(...) before run()")
+        self._running = True
+        self._to_commit = asyncio.Event()
+        self._commit_lock = asyncio.Lock()
+        self._run_task = asyncio.current_task()
+        try:
+            await self._run()
+        finally:
+            self._running = False
+            self._run_task = None
+            self._stop_requested.clear()  # a later run() starts afresh
+
+    async def _run(self) -> None:
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers,
+            acks="all",
+            enable_idempotence=True,
+            **self.producer_config,
+        )
+        settings: dict[str, Any] = {"auto_offset_reset": "earliest", **self.consumer_config}
+        # As in the Java client: a rebalance waits for a member's revoke callback (the
+        # events in progress) as long as a poll may take, not only a session timeout.
+        settings.setdefault("rebalance_timeout_ms", settings.get("max_poll_interval_ms", 300_000))
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap_servers,
+            group_id=self.group_id,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            **settings,
+        )
+        self._processor = EventProcessor(
+            self._registry,
+            self.group_id,
+            self.retry,
+            DeadLetterWriter(producer, self.dead_letter_topic),
+            self.on_error,
+            self.dedupe,
+            self.dedupe_ttl,
+        )
+        try:
+            await producer.start()
+            await consumer.start()
+            self._consumer = consumer
+            consumer.subscribe([self.topic], listener=_Listener(self))
+            logger.info("consuming %s as group %s", self.topic, self.group_id)
+            with self._signals():
+                await self._consume(consumer)
+        finally:
+            self._consumer = None
+            await consumer.stop()  # leaves the group (unless static membership is used)
+            await producer.stop()
+            logger.info("stopped consuming %s as group %s", self.topic, self.group_id)
+
+    async def _consume(self, consumer: AIOKafkaConsumer) -> None:
+        committer = asyncio.create_task(self._commit_continuously(), name="fileevents:commit")
+        graceful = False
+        try:
+            await self._fetch(consumer, committer)
+            graceful = True
+        finally:
+            committer.cancel()
+            await asyncio.wait([committer])
+            workers = list(self._workers.values())
+            self._workers.clear()
+            if graceful:
+                await asyncio.gather(*(worker.stop() for worker in workers))
+            else:
+                await asyncio.gather(*(worker.cancel() for worker in workers))
+            await self._commit()
+            self._done.clear()
+            self._committed.clear()
+
+    async def _fetch(self, consumer: AIOKafkaConsumer, committer: asyncio.Task[None]) -> None:
+        """Fetch and hand records to their partition's worker until asked to stop."""
+        while not self._stop_requested.is_set():
+            if committer.done():
+                raise RuntimeError("the commit task ended") from committer.exception()
+            for worker in self._workers.values():
+                crash = worker.crash()
+                if crash is not None:
+                    raise RuntimeError(f"the worker of {worker.tp} crashed") from crash
+                if worker.paused and worker.backlog <= self.max_buffered // 2:
+                    consumer.resume(worker.tp)
+                    worker.paused = False
+            batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS)
+            for tp, records in batches.items():
+                owner = self._workers.get(tp)
+                if owner is None:
+                    # Assigned but not announced yet, or being revoked: not ours to handle
+                    # now. Fetch them again later rather than skip them.
+                    with contextlib.suppress(IllegalStateError):
+                        consumer.seek(tp, records[0].offset)
+                    continue
+                owner.add(records)
+                if owner.backlog >= self.max_buffered and not owner.paused:
+                    consumer.pause(tp)
+                    owner.paused = True
+
+    async def _process(self, record: ConsumerRecord[bytes, bytes], stopping: asyncio.Event) -> bool:
+        assert self._processor is not None
+        outcome = await self._processor.process(record, stopping)
+        self.outcomes[outcome.value] += 1
+        return outcome is not Outcome.INTERRUPTED
+
+    def _mark_done(self, tp: TopicPartition, next_offset: int) -> None:
+        self._done[tp] = next_offset
+        self._to_commit.set()
+
+    # -- commits and rebalances ---------------------------------------------------------
+
+    async def _commit_continuously(self) -> None:
+        """Commit what is done soon after it is, at most once per `commit_interval`."""
+        while True:
+            await self._to_commit.wait()
+            self._to_commit.clear()
+            await self._commit()
+            await asyncio.sleep(self.commit_interval.total_seconds())  # a rate limit only
+
+    async def _commit(self, partitions: Collection[TopicPartition] | None = None) -> None:
+        """Commit the next offset after the last done record of each (or each given)
+        partition; the records before it on that partition are all done too."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        async with self._commit_lock:
+            assigned = consumer.assignment()
+            offsets = {
+                tp: offset
+                for tp, offset in self._done.items()
+                if (partitions is None or tp in partitions)
+                and tp in assigned
+                and self._committed.get(tp) != offset
+            }
+            if not offsets:
+                return
+            try:
+                await consumer.commit(offsets)
+            except (KafkaError, IllegalStateError) as exc:
+                logger.warning(
+                    "could not commit %s (%s): those events will be delivered again", offsets, exc
+                )
+                return
+            self._committed.update(offsets)
+
+    async def _revoked(self, revoked: set[TopicPartition]) -> None:
+        """Before a rebalance hands `revoked` to others: finish, commit, forget them.
+
+        The workers leave `_workers` before anything is awaited, so the fetch loop hands them
+        nothing more; records they had queued but not handled are simply not committed."""
+        workers = [self._workers.pop(tp) for tp in revoked if tp in self._workers]
+        await asyncio.gather(*(worker.stop() for worker in workers))
+        await self._commit(revoked)
+        for tp in revoked:
+            self._done.pop(tp, None)
+            self._committed.pop(tp, None)
+
+    def _assigned(self, assigned: set[TopicPartition]) -> None:
+        """After a rebalance: one worker per partition, starting at its committed offset."""
+        if self._stop_requested.is_set():
+            return  # stopping: nothing more will be handed out
+        for tp in assigned:
+            if tp not in self._workers:
+                self._workers[tp] = PartitionWorker(tp, self._process, self._mark_done)
+
+    @contextlib.contextmanager
+    def _signals(self) -> Iterator[None]:
+        """SIGTERM and SIGINT stop gracefully; a second one cancels `run` outright."""
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        if self.handle_signals and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                try:
+                    loop.add_signal_handler(signum, self._on_signal, signum)
+                except (NotImplementedError, RuntimeError):  # pragma: no cover - not on Unix
+                    continue
+                installed.append(signum)
+        try:
+            yield
+        finally:
+            for signum in installed:
+                loop.remove_signal_handler(signum)
+
+    def _on_signal(self, signum: signal.Signals) -> None:
+        if not self._stop_requested.is_set():
+            logger.info("%s: finishing the events in progress, then stopping", signum.name)
+            self.stop()
+        elif self._run_task is not None:
+            logger.warning("%s again: stopping at once", signum.name)
+            self._run_task.cancel()
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Commits what is done before partitions move, so the next owner starts right after."""
+
+    def __init__(self, events: FileEvents) -> None:
+        self._events = events
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._events._revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._events._assigned(assigned)

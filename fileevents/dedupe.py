@@ -1,0 +1,95 @@
+"""Dedupe stores: remember which events a consumer group has fully handled, for a while.
+
+The library asks `has(id)` before running an event's handlers and calls `add(id, ttl)` once
+they all succeeded; an event that failed is never added, so a redelivery runs it again. The
+id it passes is `<group_id>:<event.id>`, so groups sharing one store never skip each
+other's events. See fileevents/README.md for the has-then-add race and its alternative.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Protocol
+
+from redis.asyncio import Redis, RedisCluster
+
+_SWEEP_EVERY = 1024
+
+
+class DedupeStore(Protocol):
+    """What `FileEvents(dedupe=...)` needs: a set of ids whose members expire."""
+
+    async def has(self, event_id: str) -> bool:
+        """True when `event_id` was added and has not expired yet."""
+        ...
+
+    async def add(self, event_id: str, ttl: timedelta) -> None:
+        """Remember `event_id` for `ttl`; adding an id already present changes nothing."""
+        ...
+
+
+def ttl_ms(ttl: timedelta) -> int:
+    """A TTL in whole milliseconds, at least 1 (Redis refuses 0)."""
+    if ttl <= timedelta(0):
+        raise ValueError(f"a dedupe TTL must be positive, got {ttl}")
+    return max(1, int(ttl / timedelta(milliseconds=1)))
+
+
+class MemoryDedupeStore:
+    """In-process store, for tests and single-process tools: forgotten on exit.
+
+    Expired ids are dropped as they are looked up and in a sweep every 1,024 adds, so
+    memory stays bounded by the ids added within one TTL.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._expiry: dict[str, float] = {}
+        self._adds = 0
+
+    async def has(self, event_id: str) -> bool:
+        expiry = self._expiry.get(event_id)
+        if expiry is None:
+            return False
+        if expiry <= self._clock():
+            del self._expiry[event_id]
+            return False
+        return True
+
+    async def add(self, event_id: str, ttl: timedelta) -> None:
+        now = self._clock()
+        if self._expiry.get(event_id, 0.0) <= now:
+            self._expiry[event_id] = now + ttl_ms(ttl) / 1000
+        self._adds += 1
+        if self._adds % _SWEEP_EVERY == 0:
+            self._expiry = {key: at for key, at in self._expiry.items() if at > now}
+
+    def __len__(self) -> int:
+        """How many ids are held, expired ones not swept yet included."""
+        return len(self._expiry)
+
+
+class RedisDedupeStore:
+    """Ids as Redis keys with a TTL (`SET <prefix><id> 1 PX <ttl> NX`), via `redis.asyncio`.
+
+    Redis expires them itself, so the store stays bounded by the TTL. Several consumers
+    (processes, hosts) of one group share what they handled through it.
+    """
+
+    def __init__(self, redis: Redis | RedisCluster, prefix: str = "fileevents:seen:") -> None:
+        """`redis` is a `redis.asyncio` client; opening and closing it is up to you."""
+        self._redis = redis
+        self._prefix = prefix
+
+    def redis_key(self, event_id: str) -> str:
+        """The Redis key that records `event_id`."""
+        return self._prefix + event_id
+
+    async def has(self, event_id: str) -> bool:
+        return bool(await self._redis.exists(self.redis_key(event_id)))
+
+    async def add(self, event_id: str, ttl: timedelta) -> None:
+        # NX: a second add neither rewrites the value nor extends the first one's TTL.
+        await self._redis.set(self.redis_key(event_id), b"1", px=ttl_ms(ttl), nx=True)

@@ -1,0 +1,207 @@
+"""One record, start to finish: decode, dedupe, handlers with retries, dead letter.
+
+`EventProcessor.process` returns an `Outcome`; every outcome but `INTERRUPTED` means the
+record is done with and its offset may be committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from datetime import timedelta
+from typing import TypeVar
+
+from aiokafka.structs import ConsumerRecord
+
+from fileevents.codec import decode_event
+from fileevents.context import EventContext
+from fileevents.deadletter import DeadLetterWriter
+from fileevents.dedupe import DedupeStore
+from fileevents.errors import (
+    DEAD_LETTER,
+    DECODE,
+    DEDUPE,
+    EventDecodeError,
+    Failure,
+    OnError,
+    log_failure,
+)
+from fileevents.registry import Registered, Registry
+from fileevents.retry import RetryPolicy
+from streams.event import FileEvent
+
+logger = logging.getLogger("fileevents")
+
+T = TypeVar("T")
+
+
+class Outcome(enum.Enum):
+    """What became of one record."""
+
+    HANDLED = "handled"
+    """Every matching handler succeeded."""
+    NO_HANDLER = "no_handler"
+    """No handler is registered for the event's type."""
+    DUPLICATE = "duplicate"
+    """The dedupe store already held the event's id: no handler ran."""
+    DEAD_LETTERED = "dead_lettered"
+    """A handler kept failing (or the record is not an event): it is on the dead-letter topic."""
+    INTERRUPTED = "interrupted"
+    """Stopped before the record was done with: it must not be committed."""
+
+
+class _Interrupted(Exception):
+    """Raised inside the processor when it must stop and leave the record unfinished."""
+
+
+class EventProcessor:
+    """Runs an event's handlers under the library's guarantees (see fileevents/README.md)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        group_id: str,
+        retry: RetryPolicy,
+        dead_letters: DeadLetterWriter,
+        on_error: OnError,
+        dedupe: DedupeStore | None = None,
+        dedupe_ttl: timedelta = timedelta(hours=24),
+    ) -> None:
+        self._registry = registry
+        self._group_id = group_id
+        self._retry = retry
+        self._dead_letters = dead_letters
+        self._on_error = on_error
+        self._dedupe = dedupe
+        self._dedupe_ttl = dedupe_ttl
+
+    def dedupe_id(self, event: FileEvent) -> str:
+        """The id the dedupe store sees for `event`: scoped to this consumer group."""
+        return f"{self._group_id}:{event.id}"
+
+    async def process(
+        self, record: ConsumerRecord[bytes, bytes], stopping: asyncio.Event
+    ) -> Outcome:
+        """Handle `record`; once `stopping` is set, finish the running attempt, no more."""
+        context = EventContext.of(record, self._group_id)
+        try:
+            return await self._process(context, stopping)
+        except _Interrupted:
+            return Outcome.INTERRUPTED
+
+    async def _process(self, context: EventContext, stopping: asyncio.Event) -> Outcome:
+        try:
+            event = decode_event(context.value)
+        except EventDecodeError as exc:
+            await self._report(Failure(None, context, DECODE, exc, attempt=1, final=True))
+            await self._dead_letter(None, context, DECODE, exc, 1, stopping)
+            return Outcome.DEAD_LETTERED
+
+        pending = self._registry.for_event(event)
+        if not pending:
+            return Outcome.NO_HANDLER
+
+        dedupe, dedupe_id = self._dedupe, self.dedupe_id(event)
+        if dedupe is not None and await self._reliably(
+            lambda: dedupe.has(dedupe_id), event, context, stopping
+        ):
+            logger.debug("event %s skipped: already handled by group %s", event.id, self._group_id)
+            return Outcome.DUPLICATE
+
+        attempt = 1
+        while True:
+            context = replace(context, attempt=attempt)
+            pending, failed = await self._run(pending, event, context)
+            if failed is None:
+                break
+            handler, error = failed
+            final = attempt >= self._retry.attempts
+            await self._report(Failure(event, context, handler.name, error, attempt, final))
+            if final:
+                await self._dead_letter(event, context, handler.name, error, attempt, stopping)
+                return Outcome.DEAD_LETTERED
+            await self._wait(self._retry.backoff(attempt), stopping)
+            attempt += 1
+
+        if dedupe is not None:
+            try:
+                await self._reliably(
+                    lambda: dedupe.add(dedupe_id, self._dedupe_ttl), event, context, stopping
+                )
+            except _Interrupted:
+                # The handlers did succeed: commit it rather than run them again elsewhere.
+                logger.warning(
+                    "event %s handled but not recorded in the dedupe store (stopping)", event.id
+                )
+        return Outcome.HANDLED
+
+    @staticmethod
+    async def _run(
+        pending: list[Registered], event: FileEvent, context: EventContext
+    ) -> tuple[list[Registered], tuple[Registered, Exception] | None]:
+        """Run `pending` in order; on a failure, the failing handler and those after it."""
+        for index, handler in enumerate(pending):
+            try:
+                await handler(event, context)
+            except Exception as exc:
+                return pending[index:], (handler, exc)
+        return [], None
+
+    async def _dead_letter(
+        self,
+        event: FileEvent | None,
+        context: EventContext,
+        handler: str,
+        error: BaseException,
+        attempts: int,
+        stopping: asyncio.Event,
+    ) -> None:
+        await self._reliably(
+            lambda: self._dead_letters.send(context, handler, error, attempts),
+            event,
+            context,
+            stopping,
+            what=DEAD_LETTER,
+        )
+
+    async def _reliably(
+        self,
+        operation: Callable[[], Awaitable[T]],
+        event: FileEvent | None,
+        context: EventContext,
+        stopping: asyncio.Event,
+        what: str = DEDUPE,
+    ) -> T:
+        """Retry the library's own I/O until it works: an outage is not the event's fault."""
+        failures = 0
+        while True:
+            try:
+                return await operation()
+            except Exception as exc:
+                failures += 1
+                await self._report(Failure(event, context, what, exc, failures, final=False))
+                await self._wait(self._retry.backoff(failures), stopping)
+
+    @staticmethod
+    async def _wait(seconds: float, stopping: asyncio.Event) -> None:
+        """Back off for `seconds`, or raise `_Interrupted` as soon as `stopping` is set."""
+        if stopping.is_set():
+            raise _Interrupted
+        try:
+            await asyncio.wait_for(stopping.wait(), timeout=seconds)
+        except TimeoutError:
+            return
+        raise _Interrupted
+
+    async def _report(self, failure: Failure) -> None:
+        try:
+            result = self._on_error(failure)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            logger.exception("on_error raised; the failure it was given follows")
+            log_failure(failure)

@@ -1,0 +1,94 @@
+"""Handlers registered with `FileEvents.on`, and which of them an event runs."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast, get_args
+
+from fileevents.context import EventContext
+from streams.event import FileEvent
+
+Selector = Literal["created", "deleted", "*"]
+"""What a handler is registered for: one event type, or `*` for every event."""
+
+EventHandler = Callable[[FileEvent], Awaitable[None]]
+ContextHandler = Callable[[FileEvent, EventContext], Awaitable[None]]
+Handler = EventHandler | ContextHandler
+H = TypeVar("H", bound=Handler)
+
+_SELECTORS: frozenset[str] = frozenset(get_args(Selector))
+
+
+@dataclass(frozen=True)
+class Registered:
+    """One registration: the handler, what it runs for, and how it is called."""
+
+    selector: Selector
+    handler: Handler
+    name: str
+    wants_context: bool
+
+    def matches(self, event: FileEvent) -> bool:
+        return self.selector == "*" or self.selector == event.type
+
+    def __call__(self, event: FileEvent, context: EventContext) -> Awaitable[None]:
+        if self.wants_context:
+            return cast(ContextHandler, self.handler)(event, context)
+        return cast(EventHandler, self.handler)(event)
+
+
+def handler_name(handler: Callable[..., Any]) -> str:
+    """`module.qualname`, as `on_error` and the dead-letter `handler` header name it."""
+    module = getattr(handler, "__module__", None) or "?"
+    qualname = getattr(handler, "__qualname__", None) or type(handler).__qualname__
+    return f"{module}.{qualname}"
+
+
+def _is_async(handler: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(
+        getattr(handler, "__call__", None)  # noqa: B004 - an object with `async def __call__`
+    )
+
+
+def _wants_context(handler: Callable[..., Any]) -> bool:
+    """True when the handler takes a second positional argument (the context)."""
+    try:
+        parameters = inspect.signature(handler).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = 0
+    for parameter in parameters:
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            return True
+        if parameter.kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            positional += 1
+    return positional >= 2
+
+
+class Registry:
+    """Registrations in order; an event runs every matching one, in that order."""
+
+    def __init__(self) -> None:
+        self._registered: list[Registered] = []
+
+    def add(self, selector: str, handler: Handler) -> Registered:
+        if selector not in _SELECTORS:
+            raise ValueError(f"on({selector!r}): expected one of {sorted(_SELECTORS)}")
+        if not callable(handler) or not _is_async(handler):
+            raise TypeError(f"{handler_name(handler)} must be an `async def` function")
+        registered = Registered(
+            cast(Selector, selector), handler, handler_name(handler), _wants_context(handler)
+        )
+        self._registered.append(registered)
+        return registered
+
+    def for_event(self, event: FileEvent) -> list[Registered]:
+        return [registered for registered in self._registered if registered.matches(event)]
+
+    def __len__(self) -> int:
+        return len(self._registered)

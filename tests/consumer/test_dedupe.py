@@ -1,0 +1,223 @@
+"""The dedupe store: a redelivered id is skipped, a failed event is never recorded.
+
+Run with the in-process store and with `RedisDedupeStore` on a real `redis-server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import timedelta
+
+import pytest
+import redis.asyncio as redis
+from consumer_support import (
+    create_topics,
+    event,
+    produce_events,
+    reset_offsets,
+    run_until,
+    unique,
+)
+from support.redis_server import RedisServer
+
+from fileevents import (
+    DedupeStore,
+    Failure,
+    FileEvent,
+    FileEvents,
+    MemoryDedupeStore,
+    Outcome,
+    RedisDedupeStore,
+    RetryPolicy,
+)
+
+StoreFactory = Callable[[], AbstractAsyncContextManager[DedupeStore]]
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store_factory(request: pytest.FixtureRequest) -> StoreFactory:
+    if request.param == "memory":
+        shared = MemoryDedupeStore()
+
+        @asynccontextmanager
+        async def memory() -> AsyncIterator[DedupeStore]:
+            yield shared
+
+        return memory
+    server: RedisServer = request.getfixturevalue("redis_server")
+    prefix = unique("seen") + ":"
+
+    @asynccontextmanager
+    async def on_redis() -> AsyncIterator[DedupeStore]:
+        client = redis.Redis.from_url(server.url)
+        try:
+            yield RedisDedupeStore(client, prefix=prefix)
+        finally:
+            await client.aclose()
+
+    return on_redis
+
+
+@pytest.mark.kafka
+def test_redelivered_ids_skipped_failed_ones_not_recorded(
+    kafka_bootstrap: str, store_factory: StoreFactory
+) -> None:
+    topic, group = unique("events"), unique("group")
+    key = "mail/outbox.eml"
+    sent_once, fails, later = event(key, 1), event(key, 2), event(key, 3)
+    # The stream can emit a change twice after a crash: same id, same bytes, new offset.
+    records = [sent_once, fails, sent_once, later, fails]
+    runs: Counter[str] = Counter()
+
+    def consumer(store: DedupeStore) -> FileEvents:
+        events = FileEvents(
+            bootstrap_servers=kafka_bootstrap,
+            topic=topic,
+            group_id=group,
+            dedupe=store,
+            dedupe_ttl=timedelta(minutes=5),
+            retry=RetryPolicy(attempts=2, initial_backoff=timedelta(milliseconds=10)),
+            on_error=lambda failure: None,
+            handle_signals=False,
+        )
+
+        @events.on("created")
+        async def send_mail(item: FileEvent) -> None:
+            runs[item.id] += 1
+            if item.id == fails.id:
+                raise RuntimeError("smtp refused")
+
+        return events
+
+    def done_with(events: FileEvents, count: int) -> Callable[[], bool]:
+        return lambda: sum(events.outcomes.values()) == count
+
+    async def scenario() -> tuple[FileEvents, FileEvents, dict[str, bool]]:
+        await create_topics(kafka_bootstrap, (topic, 3), (f"{topic}.dead-letter", 1))
+        await produce_events(kafka_bootstrap, topic, records)
+        async with store_factory() as store:
+            first = consumer(store)
+            await run_until(first, done_with(first, len(records)), "every record, first run")
+            # Redelivery of everything (as after a lost commit): a new consumer, same group.
+            await reset_offsets(kafka_bootstrap, group, topic)
+            second = consumer(store)
+            await run_until(second, done_with(second, len(records)), "every record, again")
+            recorded = {
+                item.id: await store.has(f"{group}:{item.id}") for item in (sent_once, fails, later)
+            }
+        return first, second, recorded
+
+    first, second, recorded = asyncio.run(scenario())
+
+    assert runs[sent_once.id] == 1, "a redelivered id ran again"
+    assert runs[later.id] == 1
+    # Never recorded, so every copy ran its attempts (2 copies x 2 attempts x 2 runs).
+    assert runs[fails.id] == 8
+    assert recorded == {sent_once.id: True, fails.id: False, later.id: True}
+    assert first.outcomes == {
+        Outcome.HANDLED.value: 2,
+        Outcome.DUPLICATE.value: 1,
+        Outcome.DEAD_LETTERED.value: 2,
+    }
+    assert second.outcomes == {Outcome.DUPLICATE.value: 3, Outcome.DEAD_LETTERED.value: 2}
+
+
+def test_redis_store_sets_once_with_a_ttl(redis_server: RedisServer) -> None:
+    async def scenario() -> None:
+        client = redis.Redis.from_url(redis_server.url)
+        try:
+            store = RedisDedupeStore(client, prefix=unique("ttl") + ":")
+            assert not await store.has("a")
+            await store.add("a", timedelta(seconds=100))
+            assert await store.has("a")
+            assert await client.get(store.redis_key("a")) == b"1"
+            assert 99_000 < await client.pttl(store.redis_key("a")) <= 100_000
+            # NX: adding again neither renews nor lengthens the first TTL.
+            await store.add("a", timedelta(hours=1))
+            assert await client.pttl(store.redis_key("a")) <= 100_000
+            # Redis expires ids itself.
+            await store.add("short", timedelta(milliseconds=30))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5
+            while await store.has("short"):
+                assert loop.time() < deadline, "the id did not expire"
+                await asyncio.sleep(0.01)
+            assert await store.has("a")
+        finally:
+            await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_memory_store_expires_and_stays_bounded() -> None:
+    now = [0.0]
+    store = MemoryDedupeStore(clock=lambda: now[0])
+
+    async def scenario() -> None:
+        await store.add("a", timedelta(seconds=10))
+        await store.add("a", timedelta(seconds=1000))  # does not lengthen
+        assert await store.has("a")
+        now[0] = 10.0
+        assert not await store.has("a")
+        for index in range(2048):
+            await store.add(f"id-{index}", timedelta(seconds=1))
+            now[0] += 0.01
+        assert len(store) < 2048  # the sweeps dropped what expired
+        with pytest.raises(ValueError):
+            await store.add("b", timedelta(0))
+
+    asyncio.run(scenario())
+
+
+class FlakyStore(MemoryDedupeStore):
+    """A store that is unreachable for its first `outage` calls."""
+
+    def __init__(self, outage: int) -> None:
+        super().__init__()
+        self.outage = outage
+
+    async def has(self, event_id: str) -> bool:
+        if self.outage:
+            self.outage -= 1
+            raise ConnectionError("dedupe store unreachable")
+        return await super().has(event_id)
+
+
+@pytest.mark.kafka
+def test_a_store_outage_delays_events_but_never_dead_letters_them(kafka_bootstrap: str) -> None:
+    topic, group = unique("events"), unique("group")
+    item = event("notes/today.md", 1)
+    store = FlakyStore(outage=3)
+    failures: list[Failure] = []
+    runs: list[str] = []
+    events = FileEvents(
+        bootstrap_servers=kafka_bootstrap,
+        topic=topic,
+        group_id=group,
+        dedupe=store,
+        retry=RetryPolicy(attempts=1, initial_backoff=timedelta(milliseconds=10)),
+        on_error=failures.append,
+        handle_signals=False,
+    )
+
+    @events.on("*")
+    async def handle(received: FileEvent) -> None:
+        runs.append(received.id)
+
+    async def scenario() -> None:
+        await create_topics(kafka_bootstrap, (topic, 1))
+        await produce_events(kafka_bootstrap, topic, [item])
+        await run_until(events, lambda: runs, "the event, once the store answers")
+
+    asyncio.run(scenario())
+    assert runs == [item.id]
+    assert [(f.handler, f.attempt, f.final) for f in failures] == [
+        ("<dedupe>", 1, False),
+        ("<dedupe>", 2, False),
+        ("<dedupe>", 3, False),
+    ]
+    assert events.outcomes == {Outcome.HANDLED.value: 1}
+    assert asyncio.run(store.has(f"{group}:{item.id}"))
