@@ -9,28 +9,19 @@
 from __future__ import annotations
 
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.local_broker import LOCAL_KAFKA, free_port_pair, kafka_version
 
-ROOT = Path(__file__).resolve().parent.parent
-LOCAL_KAFKA = ROOT / "dev" / "kafka" / "localkafka.py"
 TEST_BROKER_DIR = Path.home() / ".cache" / "storage-events" / "test-kafka"
 OWNER_FILE = "owner.pid"
 
 _broker_description: list[str] = []
-
-
-def kafka_version() -> str:
-    return subprocess.run(
-        [sys.executable, str(LOCAL_KAFKA), "version"], capture_output=True, text=True, check=True
-    ).stdout.strip()
 
 
 def docker_answers() -> bool:
@@ -49,25 +40,6 @@ def broker_choice() -> str:
     if docker_answers():
         return "testcontainers"
     return "local"
-
-
-def free_port_pair() -> int:
-    """A port p such that p and p + 1 (the controller) are both free on 127.0.0.1.
-
-    Taken below the kernel's ephemeral range, so that no outgoing connection grabs it
-    between this check and the broker binding it.
-    """
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000)
-        try:
-            with socket.socket() as first, socket.socket() as second:
-                first.bind(("127.0.0.1", port))
-                second.bind(("127.0.0.1", port + 1))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free pair of ports on 127.0.0.1")
 
 
 def reap_abandoned_brokers() -> None:

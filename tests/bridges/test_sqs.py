@@ -33,8 +33,8 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 import pytest
-from conftest import LOCAL_KAFKA, free_port_pair
 from support.kafka_io import read_topic
+from support.local_broker import LOCAL_KAFKA, free_port_pair
 from support.moto_server import aws_client, unique_name
 from support.worker import ROOT, Topology, Worker, free_port, wait_for
 

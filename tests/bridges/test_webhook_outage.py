@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from conftest import LOCAL_KAFKA, free_port_pair
 from support.kafka_io import read_topic
+from support.local_broker import LOCAL_KAFKA, free_port_pair
 from support.webhook_signing import settings_for
 
 from connectors.publisher import RawPublisher

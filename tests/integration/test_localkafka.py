@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import LOCAL_KAFKA, free_port_pair
+from support.local_broker import LOCAL_KAFKA, free_port_pair
 
 pytestmark = pytest.mark.kafka
 
