@@ -40,6 +40,7 @@ from google.cloud.pubsub_v1.subscriber.message import Message
 from google.cloud.pubsub_v1.types import PubsubMessage
 from support.kafka_io import read_topic
 from support.payloads import gcs_attributes, gcs_resource
+from support.processes import serving
 from support.worker import ROOT, Topology, Worker, free_port, wait_for
 
 from connectors.publisher import RawPublisher
@@ -290,21 +291,15 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             stderr=subprocess.STDOUT,
         )
 
-    def up() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"the Pub/Sub emulator exited:\n{log_path.read_text()}")
-        return _emulator_answers(host)
-
-    try:
-        wait_for(up, 60, "the Pub/Sub emulator to answer", interval_s=0.2)
+    with serving(
+        process,
+        "the Pub/Sub emulator",
+        lambda: _emulator_answers(host),
+        log_path.read_text,
+        60,
+        0.2,
+    ):
         yield host
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 class PubSub:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from support.worker import ROOT, free_port, wait_for
+from support.processes import serving
+from support.worker import ROOT, free_port
 
 AZURITE_QUEUE = ROOT / "node_modules" / ".bin" / "azurite-queue"
 
@@ -93,18 +94,5 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
             stdin=subprocess.DEVNULL,
         )
 
-    def up() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"azurite-queue exited with {process.returncode}:\n{server.tail()}")
-        return _answers(port)
-
-    try:
-        wait_for(up, 30, "azurite-queue to answer", interval_s=0.1)
+    with serving(process, "azurite-queue", lambda: _answers(port), server.tail):
         yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()

@@ -26,7 +26,8 @@ from typing import Any
 
 import pytest
 
-from support.worker import free_port, wait_for
+from support.processes import serving
+from support.worker import free_port
 
 MOTO_SERVER = Path(sys.executable).with_name("moto_server")
 REGION = "us-east-1"
@@ -83,21 +84,13 @@ def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             stdin=subprocess.DEVNULL,
         )
 
-    def up() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(
-                f"moto_server exited with {process.returncode}: {log_path.read_text()[-2000:]}"
-            )
-        return _answers(endpoint)
-
     try:
-        wait_for(up, 30, f"moto_server on {endpoint}", interval_s=0.1)
-        yield endpoint
+        with serving(
+            process,
+            f"moto_server on {endpoint}",
+            lambda: _answers(endpoint),
+            lambda: log_path.read_text()[-2000:],
+        ):
+            yield endpoint
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
         patch.undo()

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from support.worker import free_port, wait_for
+from support.processes import serving
+from support.worker import free_port
 
 REDIS_SERVER = "/usr/bin/redis-server"
 
@@ -83,18 +84,5 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
         stderr=subprocess.DEVNULL,
     )
 
-    def up() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"redis-server exited with {process.returncode}:\n{server.tail()}")
-        return _pong(port)
-
-    try:
-        wait_for(up, 20, "redis-server to answer PING", interval_s=0.05)
+    with serving(process, "redis-server", lambda: _pong(port), server.tail, 20, 0.05):
         yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
