@@ -4,6 +4,7 @@
     create-topics  create every topic the stream uses
     tail           print the canonical events of an instance's output topic, one JSON line each
     topics         list the topics the stream uses with their settings
+    replay-dead-letters  republish dead letters to their raw topic after a fix
 
 The worker itself is `faust -A streams worker`.
 """
@@ -204,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
     tail_cmd.add_argument("--count", type=int, help="stop after this many events")
     tail_cmd.add_argument("--timeout", type=float, help="stop after this many seconds")
     tail_cmd.set_defaults(run=command_tail)
+
+    from streams import replay  # its Kafka clients load only when it runs
+
+    replay_cmd = commands.add_parser(
+        "replay-dead-letters", help="republish dead letters to their topic, after a fix"
+    )
+    replay.add_arguments(replay_cmd)
+    replay_cmd.set_defaults(run=replay.command_replay_dead_letters)
     return parser
 
 

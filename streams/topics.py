@@ -28,6 +28,10 @@ RAW_TOPIC_CONFIG = {
     "retention.ms": str(7 * DAY_MS),
     "max.message.bytes": str(RAW_MAX_MESSAGE_BYTES),
 }
+# Output topics keep every event for 7 days, then at least the last event of each key, for
+# good: consumers that fall up to a week behind miss nothing, and `connectors reconcile` can
+# always tell what the stream last said about a key.
+OUTPUT_TOPIC_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(7 * DAY_MS)}
 # A changelog entry may outlive its TTL by this much before the broker may delete it.
 CHANGELOG_RETENTION_MARGIN_MS = 3600 * 1000
 
@@ -88,7 +92,9 @@ def topology(settings: Settings) -> list[TopicSpec]:
         ),
     ]
     for instance in settings.instances:
-        specs.append(TopicSpec(instance.output_topic, parts, replicas, {}, "output"))
+        specs.append(
+            TopicSpec(instance.output_topic, parts, replicas, OUTPUT_TOPIC_CONFIG, "output")
+        )
         specs.append(
             TopicSpec(
                 instance.stale_output_topic,

@@ -1,0 +1,399 @@
+"""Replay dead letters: `python -m streams replay-dead-letters`, after the fix is deployed.
+
+    python -m streams replay-dead-letters [--from TOPIC] [--to TOPIC] [--dry-run]
+                                          [--limit N] [--match-error SUBSTRING] [--config F]
+
+A dead-letter record (`streams.records.dead_letter_record`) holds a delivery exactly as it
+came, its original headers, and three headers the stream added: `error` (why), `error.stage`
+(`normalize` or `emit`) and `error.topic` (the topic it was read from). Replaying one
+republishes the original key, value and headers, without those three, to `--to`, or, when
+`--to` is absent, to the record's own `error.topic` (for `normalize` dead letters: the raw
+topic the bridge wrote; for `emit` ones: the repartition topic).
+
+* The dead-letter topic (`--from`, default `[stream] dead_letter_topic`) is read with
+  `isolation.level=read_committed`, from the beginning of every partition to the end offsets
+  it had when the command started: a record that fails again and is dead-lettered anew is
+  not replayed twice in one run.
+* `--match-error SUBSTRING` keeps only the records whose `error` header contains it (case
+  sensitive), so one fixed bug's dead letters can be replayed without the others.
+* `--limit N` stops after N records were selected (matching, with a destination).
+* `--dry-run` prints one JSON line per selected record (`partition`, `offset`, `source`,
+  `stage`, `error`, `destination`, `size` = value bytes) and publishes nothing.
+* Otherwise the records are published with an idempotent producer (`acks=all`), and the
+  command returns only once Kafka acknowledged every one of them.
+
+A summary line goes to stderr. Exit 0 when every selected record was replayed (or, on a dry
+run, could be); 1 when some records had no destination (no `error.topic` and no `--to`:
+they are counted and skipped); 2 with one line for a mistake (unknown topic, bad option).
+
+Replaying is safe to repeat: the stream drops a change it already emitted by its event id
+(within the instance's dedupe TTL), so a second run only costs duplicates on the raw topic.
+The dead-letter topic itself is left as it is (it expires by retention, 30 days).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from streams.config import ConfigError, load_settings
+from streams.records import json_line
+
+ADDED_HEADERS = frozenset({"error", "error.stage", "error.topic"})
+"""The headers `dead_letter_record` adds to a delivery; everything else is the original."""
+
+READ_TIMEOUT_S = 60.0
+
+
+class ReplayError(Exception):
+    """The replay cannot run (unknown topic, broker unreachable); printed as one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One record of the dead-letter topic, split into the original and what was added."""
+
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    """The original headers, in their order, without the ones the stream added."""
+    error: str
+    stage: str
+    origin_topic: str | None
+
+    @property
+    def source(self) -> str | None:
+        for name, value in self.headers:
+            if name == "source":
+                return value.decode("utf-8", errors="replace")
+        return None
+
+    @property
+    def size(self) -> int:
+        return len(self.value or b"")
+
+
+@dataclass(slots=True)
+class Summary:
+    """What one run read, selected (matching, with a destination) and replayed."""
+
+    read: int = 0
+    selected: int = 0
+    replayed: int = 0
+    not_matching: int = 0
+    no_destination: int = 0
+    destinations: dict[str, int] = field(default_factory=dict)
+
+    def line(self, source_topic: str, dry_run: bool) -> str:
+        verb = "would replay" if dry_run else "replayed"
+        count = self.selected if dry_run else self.replayed
+        where = ", ".join(f"{topic}: {n}" for topic, n in sorted(self.destinations.items()))
+        text = f"{verb} {count} of {self.read} dead letter(s) from {source_topic}"
+        if where:
+            text += f" ({where})"
+        if self.not_matching:
+            text += f"; {self.not_matching} not matching --match-error"
+        if self.no_destination:
+            text += f"; {self.no_destination} skipped: no error.topic header and no --to"
+        return text
+
+
+def split_headers(
+    headers: Iterable[tuple[str, bytes | None]],
+) -> tuple[tuple[tuple[str, bytes], ...], dict[str, str]]:
+    """(original headers in order, the added `error*` headers as text)."""
+    original: list[tuple[str, bytes]] = []
+    added: dict[str, str] = {}
+    for name, value in headers:
+        if name in ADDED_HEADERS:
+            added[name] = (value or b"").decode("utf-8", errors="replace")
+        else:
+            original.append((name, value or b""))
+    return tuple(original), added
+
+
+def dead_letter(
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Iterable[tuple[str, bytes | None]],
+) -> DeadLetter:
+    original, added = split_headers(headers)
+    return DeadLetter(
+        partition=partition,
+        offset=offset,
+        key=key,
+        value=value,
+        headers=original,
+        error=added.get("error", ""),
+        stage=added.get("error.stage", ""),
+        origin_topic=added.get("error.topic") or None,
+    )
+
+
+async def replay_dead_letters(
+    bootstrap_servers: str,
+    from_topic: str,
+    to_topic: str | None = None,
+    *,
+    dry_run: bool = False,
+    limit: int | None = None,
+    match_error: str | None = None,
+    out: TextIO | None = None,
+    read_timeout_s: float = READ_TIMEOUT_S,
+) -> Summary:
+    """Read `from_topic` to its current end and republish (or, dry, print) what is selected.
+
+    Raises ReplayError when the topic does not exist, the broker cannot be reached, or Kafka
+    did not acknowledge a republished record (the summary so far is in the message).
+    """
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.errors import KafkaError
+
+    from streams.topics import RAW_MAX_MESSAGE_BYTES
+
+    selection = Selection(to_topic, limit, match_error)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap_servers,
+        client_id="storage-events-replay",
+        group_id=None,
+        enable_auto_commit=False,
+        isolation_level="read_committed",
+        max_partition_fetch_bytes=RAW_MAX_MESSAGE_BYTES + 64 * 1024,
+    )
+    producer: Any = None
+    try:
+        partitions = await _partitions(bootstrap_servers, from_topic)
+        if not partitions:
+            raise ReplayError(f"topic {from_topic!r} does not exist at {bootstrap_servers}")
+        await consumer.start()
+        if not dry_run:
+            producer = AIOKafkaProducer(
+                bootstrap_servers=bootstrap_servers,
+                client_id="storage-events-replay",
+                acks="all",
+                enable_idempotence=True,
+                max_request_size=RAW_MAX_MESSAGE_BYTES,
+                linger_ms=5,
+            )
+            await producer.start()
+        await _copy(
+            consumer,
+            producer,
+            from_topic,
+            partitions,
+            selection,
+            sys.stdout if out is None else out,
+            read_timeout_s,
+        )
+        if producer is not None:
+            await producer.flush()
+    except KafkaError as exc:
+        summary = selection.summary
+        done = f" (so far: {summary.line(from_topic, dry_run)})" if summary.read else ""
+        raise ReplayError(f"{from_topic} at {bootstrap_servers}: {exc!r}{done}") from exc
+    finally:
+        if producer is not None:
+            await producer.stop()
+        await consumer.stop()
+    return selection.summary
+
+
+@dataclass(slots=True)
+class Selection:
+    """Which dead letters to replay, where to, and what was seen."""
+
+    to_topic: str | None
+    limit: int | None
+    match_error: str | None
+    summary: Summary = field(default_factory=Summary)
+
+    def full(self) -> bool:
+        return self.limit is not None and self.summary.selected >= self.limit
+
+    def matches(self, letter: DeadLetter) -> bool:
+        return self.match_error is None or self.match_error in letter.error
+
+    def destination(self, letter: DeadLetter) -> str | None:
+        """Where `letter` goes, or None when it is not selected (counted here)."""
+        self.summary.read += 1
+        if not self.matches(letter):
+            self.summary.not_matching += 1
+            return None
+        destination = self.to_topic or letter.origin_topic
+        if destination is None:
+            self.summary.no_destination += 1
+            return None
+        self.summary.selected += 1
+        self.summary.destinations[destination] = self.summary.destinations.get(destination, 0) + 1
+        return destination
+
+
+async def _copy(
+    consumer: Any,
+    producer: Any,
+    from_topic: str,
+    partitions: list[int],
+    selection: Selection,
+    out: TextIO,
+    read_timeout_s: float,
+) -> None:
+    """Read every partition of `from_topic` up to its end offsets at start; replay or print."""
+    from aiokafka import TopicPartition
+
+    assignment = [TopicPartition(from_topic, partition) for partition in partitions]
+    consumer.assign(assignment)
+    await consumer.seek_to_beginning(*assignment)
+    ends: dict[Any, int] = await consumer.end_offsets(assignment)
+    remaining = {tp for tp in assignment if ends[tp] > 0}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + read_timeout_s
+    while remaining and not selection.full():
+        for tp in list(remaining):
+            if await consumer.position(tp) >= ends[tp]:
+                remaining.discard(tp)
+        if not remaining:
+            break
+        if loop.time() > deadline:
+            raise ReplayError(
+                f"reading {from_topic} did not reach its end offsets in {read_timeout_s:.0f} s"
+            )
+        batches = await consumer.getmany(*remaining, timeout_ms=500)
+        messages = [
+            message
+            for tp, batch in sorted(batches.items(), key=lambda item: item[0].partition)
+            for message in batch
+            if message.offset < ends[tp]  # else written after the command started
+        ]
+        if messages:
+            deadline = loop.time() + read_timeout_s  # progress: wait afresh
+        pending: list[asyncio.Future[Any]] = []
+        for message in messages:
+            if selection.full():
+                break
+            letter = dead_letter(
+                message.partition, message.offset, message.key, message.value, message.headers
+            )
+            destination = selection.destination(letter)
+            if destination is None:
+                if selection.matches(letter):  # so it had no destination
+                    print(
+                        f"skipped {from_topic}[{letter.partition}]@{letter.offset}: "
+                        "no error.topic header; name a topic with --to",
+                        file=sys.stderr,
+                    )
+                continue
+            if producer is None:
+                print(json_line(_describe(letter, destination)), file=out, flush=True)
+            else:
+                pending.append(
+                    await producer.send(
+                        destination, letter.value, key=letter.key, headers=list(letter.headers)
+                    )
+                )
+        if pending:
+            await asyncio.gather(*pending)  # raises if Kafka did not acknowledge
+            selection.summary.replayed += len(pending)
+
+
+async def _partitions(bootstrap_servers: str, topic: str) -> list[int]:
+    """The partitions of `topic`, or none when it does not exist (never creates it)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap_servers, client_id="storage-events-replay"
+    )
+    await admin.start()
+    try:
+        described = await admin.describe_topics()  # all topics: a broker never auto-creates
+    finally:
+        await admin.close()
+    for found in described:
+        if found["topic"] == topic and found["error_code"] == 0:
+            return sorted(partition["partition"] for partition in found["partitions"])
+    return []
+
+
+def _describe(letter: DeadLetter, destination: str) -> dict[str, Any]:
+    return {
+        "partition": letter.partition,
+        "offset": letter.offset,
+        "source": letter.source,
+        "stage": letter.stage or None,
+        "error": letter.error,
+        "destination": destination,
+        "size": letter.size,
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `replay-dead-letters`."""
+    parser.add_argument("--config", help="config file (default: $STREAMS_CONFIG)")
+    parser.add_argument(
+        "--from",
+        dest="from_topic",
+        metavar="TOPIC",
+        help="the dead-letter topic (default: [stream] dead_letter_topic)",
+    )
+    parser.add_argument(
+        "--to",
+        dest="to_topic",
+        metavar="TOPIC",
+        help="where to republish (default: each record's error.topic header)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what would be replayed, publish nothing"
+    )
+    parser.add_argument("--limit", type=_positive, metavar="N", help="replay at most N records")
+    parser.add_argument(
+        "--match-error",
+        metavar="SUBSTRING",
+        help="only records whose error header contains SUBSTRING",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=READ_TIMEOUT_S,
+        help="seconds without progress before giving up reading (default 60)",
+    )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def command_replay_dead_letters(args: argparse.Namespace) -> int:
+    """`python -m streams replay-dead-letters`: see the module docstring."""
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from_topic = args.from_topic or settings.stream.dead_letter_topic
+    try:
+        summary = asyncio.run(
+            replay_dead_letters(
+                settings.kafka.bootstrap_servers,
+                from_topic,
+                args.to_topic,
+                dry_run=args.dry_run,
+                limit=args.limit,
+                match_error=args.match_error,
+                read_timeout_s=args.timeout,
+            )
+        )
+    except ReplayError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(summary.line(from_topic, args.dry_run), file=sys.stderr)
+    return 1 if summary.no_destination else 0
