@@ -51,7 +51,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from connectors.command import BridgeCommand
+from connectors.command import BridgeCommand, add_publishing_arguments
+from connectors.command import raw_topic as command_raw_topic
 from connectors.publisher import PublishFailed, RawPublisher, raw_headers
 from streams.config import ConfigError, Settings, check_topic_name
 
@@ -379,16 +380,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"messages per receive, 1-{MAX_BATCH} (default {MAX_BATCH})",
     )
-    parser.add_argument(
-        "--topic", help="the raw topic to publish to (default: the first [stream] raw_topics)"
-    )
-    parser.add_argument(
-        "--publish-timeout",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="seconds to wait for Kafka's acknowledgement (default 10)",
-    )
+    add_publishing_arguments(parser)
     parser.add_argument(
         "--max-idle-wait",
         type=float,
@@ -396,8 +388,6 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="longest wait between polls of an empty queue (default 5)",
     )
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    parser.add_argument("--metrics-host", default="127.0.0.1", help="(default 127.0.0.1)")
 
 
 def _check_arguments(args: argparse.Namespace, settings: Settings) -> str:
@@ -416,7 +406,7 @@ def _check_arguments(args: argparse.Namespace, settings: Settings) -> str:
             args.visibility_timeout,
             args.publish_timeout,
         )
-    topic: str = args.topic or settings.stream.raw_topics[0].name
+    topic = command_raw_topic(args, settings)
     try:
         check_topic_name(topic)
     except (ValueError, ConfigError) as exc:

@@ -56,7 +56,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from connectors.command import BridgeCommand
+from connectors.command import BridgeCommand, add_publishing_arguments
+from connectors.command import raw_topic as command_raw_topic
 from connectors.publisher import PublishFailed, RawPublisher, raw_headers
 from streams.config import ConfigError, Settings, check_topic_name
 
@@ -348,18 +349,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="B",
         help="flow control: bytes of such messages (default 100 MiB)",
     )
-    parser.add_argument(
-        "--topic", help="the raw topic to publish to (default: the first [stream] raw_topics)"
-    )
-    parser.add_argument(
-        "--publish-timeout",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="seconds to wait for Kafka's acknowledgement (default 10)",
-    )
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    parser.add_argument("--metrics-host", default="127.0.0.1", help="(default 127.0.0.1)")
+    add_publishing_arguments(parser)
 
 
 def _check_arguments(args: argparse.Namespace, settings: Settings) -> str:
@@ -369,7 +359,7 @@ def _check_arguments(args: argparse.Namespace, settings: Settings) -> str:
         )
     if args.max_messages < 1 or args.max_bytes < 1 or args.publish_timeout <= 0:
         raise StartupError("--max-messages, --max-bytes and --publish-timeout must be positive")
-    topic: str = args.topic or settings.stream.raw_topics[0].name
+    topic = command_raw_topic(args, settings)
     try:
         check_topic_name(topic)
     except (ValueError, ConfigError) as exc:

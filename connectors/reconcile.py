@@ -57,7 +57,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from connectors.command import BridgeCommand
+from connectors.command import BridgeCommand, add_publishing_arguments
+from connectors.command import raw_topic as command_raw_topic
 from connectors.publisher import PublishFailed, RawPublisher, raw_headers
 from streams.config import ConfigError, InstanceConfig, Settings
 from streams.event import FileEvent, format_time
@@ -376,7 +377,7 @@ def reconcile(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(
             f"instance {instance.name!r} takes every bucket; name the one to list with --bucket"
         )
-    raw_topic = args.raw_topic or settings.stream.raw_topics[0].name
+    raw_topic = command_raw_topic(args, settings)
     bootstrap = settings.kafka.bootstrap_servers
 
     observed_at = datetime.now(UTC)
@@ -416,13 +417,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         "--bucket", help="the bucket to list (default: the instance's; required if it has none)"
     )
     parser.add_argument("--dry-run", action="store_true", help="print the drift, publish nothing")
-    parser.add_argument("--raw-topic", help="Kafka topic (default: the first stream raw topic)")
-    parser.add_argument(
-        "--publish-timeout",
-        type=float,
-        default=10.0,
-        help="seconds Kafka has to acknowledge a write (default 10)",
-    )
+    add_publishing_arguments(parser, metrics=False)
     parser.add_argument(
         "--read-timeout",
         type=float,

@@ -42,7 +42,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from connectors.command import BridgeCommand
+from connectors.command import BridgeCommand, add_publishing_arguments
+from connectors.command import raw_topic as command_raw_topic
 from connectors.publisher import RawPublisher
 from connectors.pull import FatalQueueError, PullBridge, Pulled, QueueError, serve
 from streams.config import Settings
@@ -273,17 +274,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="long-poll wait, 0-20 s (default 20); also bounds the shutdown time",
     )
-    parser.add_argument("--raw-topic", help="Kafka topic (default: the first stream raw topic)")
-    parser.add_argument(
-        "--publish-timeout",
-        type=float,
-        default=10.0,
-        help="seconds Kafka has to acknowledge a write (default 10)",
-    )
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
-    parser.add_argument(
-        "--metrics-host", default="127.0.0.1", help="address for /metrics (default 127.0.0.1)"
-    )
+    add_publishing_arguments(parser)
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
@@ -291,7 +282,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.max_in_flight < 1:
         print("connectors sqs: --max-in-flight must be at least 1", file=sys.stderr)
         return 2
-    raw_topic = args.raw_topic or settings.stream.raw_topics[0].name
+    raw_topic = command_raw_topic(args, settings)
     client = make_client(args.queue_url, args.endpoint_url, args.region, args.wait_time)
     queue = SqsQueue(client, args.queue_url, args.wait_time, args.publish_timeout)
     publisher = RawPublisher(settings.kafka.bootstrap_servers, raw_topic, args.publish_timeout)

@@ -221,7 +221,8 @@ async def receive(request: web.Request) -> web.StreamResponse:
     route: Route | None = request.app[ROUTES_KEY].get(source)
     if route is None:
         REJECTED.labels(source if source in PUSH_SOURCES else "?", "no-route").inc()
-        raise web.HTTPNotFound(text=f"no route for source {source!r}\n")
+        # Never echo the path back: it is attacker-controlled (reflected input).
+        raise web.HTTPNotFound(text="no route for this source\n")
     methods = route.authenticator.methods
     if request.method not in methods:
         REJECTED.labels(source, "method-not-allowed").inc()
