@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 INSTANCE ?= default
 PYTEST_ARGS ?=
 
-.PHONY: install kafka kafka-stop kafka-fetch run test test-fast tail lint format bench clean
+.PHONY: install kafka kafka-stop kafka-fetch run test test-fast tail lint format bench bench-normalizers clean
 
 install: $(STAMP) node_modules/.installed redis-server
 
@@ -61,8 +61,19 @@ lint: install
 format: install
 	$(BIN)/ruff format streams connectors fileevents tests dev benchmarks examples
 
+# The pipeline against the stack's ceiling on the local broker (prints figures; not a test).
 bench: install kafka-fetch
+	$(BIN)/python -m benchmarks.pipeline
+
+# Records per second per source through each normalizer, on one core (no Kafka).
+bench-normalizers: install
 	$(BIN)/python -m benchmarks.normalizers
+
+# Chaos run on a private broker: SIGKILLs of the worker and a broker restart under load;
+# fails on any lost change, order violation or missing dead letter (benchmarks/chaos.py).
+.PHONY: chaos
+chaos: install kafka-fetch
+	$(BIN)/python -m benchmarks.chaos $(CHAOS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis var

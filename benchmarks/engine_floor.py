@@ -1,0 +1,40 @@
+"""A Faust app whose one agent consumes a topic and does nothing else: the engine's floor.
+
+    BENCH_TOPIC=<topic> BENCH_APP_ID=<id> faust -A benchmarks.engine_floor worker -l info
+
+Used by `benchmarks.pipeline`, which reads its progress from `/count` on the web port.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import faust
+
+app = faust.App(
+    os.environ.get("BENCH_APP_ID", "engine-floor"),
+    broker=f"kafka://{os.environ.get('KAFKA_BOOTSTRAP_SERVERS', '127.0.0.1:9092')}",
+    web_port=int(os.environ.get("BENCH_WEB_PORT", "6099")),
+    consumer_auto_offset_reset="earliest",
+)
+topic = app.topic(
+    os.environ.get("BENCH_TOPIC", "bench.raw"),
+    key_type=bytes,
+    value_type=bytes,
+    key_serializer="raw",
+    value_serializer="raw",
+)
+consumed = 0
+
+
+@app.agent(topic)
+async def consume(stream: Any) -> None:
+    global consumed
+    async for batch in stream.take_events(2000, within=0.05):
+        consumed += len(batch)
+
+
+@app.page("/count")
+async def count(web: Any, request: Any) -> Any:
+    return web.json({"consumed": consumed})

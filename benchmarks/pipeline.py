@@ -1,0 +1,476 @@
+"""The pipeline against this stack's ceiling, on the same machine, input and run (`make bench`).
+
+    python -m benchmarks.pipeline [--deliveries 200000] [--seed 1] [--rate 2000] [--seconds 10]
+
+On the real broker (KAFKA_BOOTSTRAP_SERVERS, else the local broker of `make kafka`), with one
+raw topic (4 partitions) filled once with a fixed-seed mix weighted like real traffic (mostly
+S3 via SQS/SNS and GCS pull, some Azure; 20% redeliveries in another wrapper, 5% out-of-order
+pairs), three loops read the same input:
+
+1. ceiling: a bare aiokafka loop (getmany batches, produce every record unchanged with the
+   pipeline's producer settings, await the batch, commit);
+2. engine floor: a Faust agent that consumes the topic and does nothing (benchmarks.engine_floor);
+3. pipeline: the full worker (normalize, repartition, dedupe, order, output).
+
+Each figure is events/s from the first input read to the last output acknowledged. Then
+latency at a fixed offered load: p50/p99 from publishing a delivery to the raw topic until its
+event is readable (read_committed) on the output topic. The last line is pipeline / ceiling.
+A measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from streams.delivery import Delivery
+from streams.normalizers import normalize
+
+ROOT = Path(__file__).resolve().parent.parent
+FAUST = Path(sys.executable).with_name("faust")
+PARTITIONS = 4
+Raw = tuple[bytes, bytes, list[tuple[str, bytes]]]
+
+
+def bootstrap_servers() -> str:
+    given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if given:
+        return given
+    started = subprocess.run(
+        [sys.executable, str(ROOT / "dev/kafka/localkafka.py"), "start"],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
+    return started.stdout.strip().splitlines()[-1]
+
+
+def s3_body(key: str, sequencer: str, event: str = "ObjectCreated:Put") -> bytes:
+    return json.dumps(
+        {
+            "Records": [
+                {
+                    "eventVersion": "2.1",
+                    "eventSource": "aws:s3",
+                    "eventTime": "2026-11-30T00:00:00.000Z",
+                    "eventName": event,
+                    "s3": {
+                        "bucket": {"name": "bench"},
+                        "object": {
+                            "key": key,
+                            "size": 1024,
+                            "eTag": "d41d8cd98f00b204e9800998ecf8427e",
+                            "sequencer": sequencer,
+                        },
+                    },
+                }
+            ]
+        }
+    ).encode()
+
+
+def sns(body: bytes, message_id: str) -> bytes:
+    return json.dumps(
+        {
+            "Type": "Notification",
+            "MessageId": message_id,
+            "TopicArn": "arn:aws:sns:us-east-1:1:bench",
+            "Message": body.decode(),
+            "Timestamp": "2026-11-30T00:00:01.000Z",
+        }
+    ).encode()
+
+
+def gcs(name: str, generation: int) -> tuple[bytes, list[tuple[str, bytes]]]:
+    resource = {
+        "name": name,
+        "bucket": "bench",
+        "generation": str(generation),
+        "metageneration": "1",
+        "size": "2048",
+        "etag": "CKXgtZvZ5ooDEAE=",
+        "updated": "2026-11-30T00:00:00.010Z",
+    }
+    attributes = {
+        "eventType": "OBJECT_FINALIZE",
+        "payloadFormat": "JSON_API_V1",
+        "bucketId": "bench",
+        "objectId": name,
+        "objectGeneration": str(generation),
+        "eventTime": "2026-11-30T00:00:00.010Z",
+        "notificationConfig": "projects/_/buckets/bench/notificationConfigs/1",
+    }
+    headers = [("source", b"gcs")] + [(f"attribute.{k}", v.encode()) for k, v in attributes.items()]
+    return json.dumps(resource).encode(), headers
+
+
+def azure(key: str, sequence: int) -> bytes:
+    return json.dumps(
+        [
+            {
+                "topic": "/subscriptions/0/resourceGroups/rg/providers/Microsoft.Storage/"
+                "storageAccounts/bench",
+                "subject": f"/blobServices/default/containers/bench/blobs/{key}",
+                "eventType": "Microsoft.Storage.BlobCreated",
+                "eventTime": "2026-11-30T00:00:00.0000000Z",
+                "id": str(uuid.UUID(int=sequence)),
+                "dataVersion": "",
+                "metadataVersion": "1",
+                "data": {
+                    "api": "PutBlob",
+                    "contentLength": 1,
+                    "eTag": "0x8D4BCC2E4835CD0",
+                    "url": f"https://bench.blob.core.windows.net/bench/{key}",
+                    "sequencer": f"{sequence:032X}",
+                    "blobType": "BlockBlob",
+                },
+            }
+        ]
+    ).encode()
+
+
+def workload(
+    count: int, seed: int, redeliveries: float = 0.2, out_of_order: float = 0.05
+) -> list[Raw]:
+    """`count` raw deliveries; keys so that each key gets a handful of changes."""
+    rng = random.Random(seed)
+    records: list[Raw] = []
+    keys = max(1, count // 8)
+    while len(records) < count:
+        n = len(records)
+        key = f"bench/{rng.randrange(keys):07d}.bin"
+        roll = rng.random()
+        if roll < 0.65:
+            body = s3_body(key, f"{0x0069B21FFD07000000 + n:018X}")
+            first: Raw = (key.encode(), body, [("source", b"s3")])
+            again: Raw = (key.encode(), sns(body, f"m-{n}"), [("source", b"s3")])
+        elif roll < 0.95:
+            value, headers = gcs(key, 1_700_000_000_000_000 + n)
+            first = again = (key.encode(), value, headers)
+        else:
+            first = again = (key.encode(), azure(key, n), [("source", b"azure")])
+        if rng.random() < out_of_order and records:
+            older = records.pop()
+            records += [first, older]  # the newer change overtakes the older one
+        else:
+            records.append(first)
+        if rng.random() < redeliveries:
+            records.append(again)
+    return records[:count]
+
+
+def expected_ids(records: list[Raw]) -> set[str]:
+    ids: set[str] = set()
+    for _, value, headers in records:
+        header_map = dict(headers)
+        delivery = Delivery(
+            source=header_map["source"].decode(),
+            body=value,
+            attributes={
+                k.removeprefix("attribute."): v.decode()
+                for k, v in headers
+                if k.startswith("attribute.")
+            },
+        )
+        ids.update(event.id for event in normalize(delivery))
+    return ids
+
+
+async def create_topics(bootstrap: str, *names: str) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, PARTITIONS, 1) for name in names])
+    finally:
+        await admin.close()
+
+
+async def fill(bootstrap: str, topic: str, records: list[Raw]) -> None:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=512 * 1024
+    )
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(topic, value, key=key, headers=headers)
+            for key, value, headers in records
+        ]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def ceiling(bootstrap: str, source: str, sink: str, count: int) -> float:
+    consumer = AIOKafkaConsumer(
+        source,
+        bootstrap_servers=bootstrap,
+        group_id=f"ceil-{uuid.uuid4()}",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        max_poll_records=2000,
+    )
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+        max_batch_size=256 * 1024,
+    )
+    await consumer.start()
+    await producer.start()
+    done, started = 0, 0.0
+    try:
+        while done < count:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=2000)
+            if batches and not started:
+                started = time.monotonic()
+            futures = [
+                await producer.send(sink, m.value, key=m.key, headers=list(m.headers))
+                for messages in batches.values()
+                for m in messages
+            ]
+            await asyncio.gather(*futures)
+            await consumer.commit()
+            done += len(futures)
+        return done / (time.monotonic() - started)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+def http_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+
+
+def metric(port: int, name: str) -> float:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
+
+
+def timed(progress: Callable[[], float], target: float, timeout_s: float) -> float:
+    """Seconds from the first progress to `target`, polling every 50 ms."""
+    deadline = time.monotonic() + timeout_s
+    started = None
+    while time.monotonic() < deadline:
+        value = progress()
+        if value > 0 and started is None:
+            started = time.monotonic()
+        if value >= target and started is not None:
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise SystemExit(f"no completion within {timeout_s:.0f} s (at {progress()} of {target})")
+
+
+def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            args, cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def worker_config(workdir: Path, suffix: str, raw_topic: str) -> tuple[Path, str]:
+    output = f"bench-out-{suffix}"
+    config = workdir / f"{suffix}.toml"
+    config.write_text(
+        f'[stream]\napp_id = "bench-{suffix}"\nraw_topics = ["{raw_topic}"]\n'
+        f'repartition_topic = "bench-{suffix}.by-key"\ndead_letter_topic = "bench-dl-{suffix}"\n'
+        f'partitions = {PARTITIONS}\n[[instances]]\nname = "default"\ntopic = "{output}"\n'
+        f'stale_topic = "bench-stale-{suffix}"\n'
+    )
+    return config, output
+
+
+def run_pipeline(bootstrap: str, raw_topic: str, count: int, workdir: Path) -> float:
+    suffix = uuid.uuid4().hex[:8]
+    config, _ = worker_config(workdir, suffix, raw_topic)
+    port = random.Random().randrange(20000, 30000)
+    worker = spawn(
+        [str(FAUST), "-A", "streams", "worker", "-l", "info"],
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "STREAMS_CONFIG": str(config),
+            "STREAMS_DATA_DIR": str(workdir / suffix),
+            "STREAMS_WEB_PORT": str(port),
+        },
+        workdir / f"pipeline-{suffix}.log",
+    )
+    try:
+
+        def handled() -> float:
+            """Deliveries read; `count + 1` once each of their events is decided too."""
+            received = metric(port, "storage_events_received_total")
+            if received < count:
+                return received
+            normalized = metric(port, "storage_events_normalized_total")
+            decided = sum(
+                metric(port, f"storage_events_{name}_total")
+                for name in ("emitted", "duplicates", "stale")
+            )
+            return count + 1 if decided >= normalized else count
+
+        return count / timed(handled, count + 1, 1800)
+    finally:
+        stop(worker)
+
+
+def run_floor(bootstrap: str, raw_topic: str, count: int, workdir: Path) -> float:
+    port = random.Random().randrange(20000, 30000)
+    floor = spawn(
+        [str(FAUST), "-A", "benchmarks.engine_floor", "worker", "-l", "info"],
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "BENCH_TOPIC": raw_topic,
+            "BENCH_APP_ID": f"floor-{uuid.uuid4().hex[:8]}",
+            "BENCH_WEB_PORT": str(port),
+        },
+        workdir / "floor.log",
+    )
+    try:
+
+        def consumed() -> float:
+            answer = http_json(f"http://127.0.0.1:{port}/count")
+            return float(answer["consumed"]) if answer else 0.0
+
+        return count / timed(consumed, count, 900)
+    finally:
+        stop(floor)
+
+
+async def latency(bootstrap: str, rate: float, seconds: float, workdir: Path) -> list[float]:
+    suffix = uuid.uuid4().hex[:8]
+    raw_topic = f"bench-lat-raw-{suffix}"
+    await create_topics(bootstrap, raw_topic)
+    config, output = worker_config(workdir, suffix, raw_topic)
+    port = random.Random().randrange(20000, 30000)
+    worker = spawn(
+        [str(FAUST), "-A", "streams", "worker", "-l", "info"],
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "STREAMS_CONFIG": str(config),
+            "STREAMS_DATA_DIR": str(workdir / suffix),
+            "STREAMS_WEB_PORT": str(port),
+        },
+        workdir / f"latency-{suffix}.log",
+    )
+    try:
+        while http_json(f"http://127.0.0.1:{port}/ready") is None:
+            await asyncio.sleep(0.2)
+        consumer = AIOKafkaConsumer(
+            output,
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+        )
+        await consumer.start()
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+        await producer.start()
+        sent: dict[str, float] = {}
+        arrived: dict[str, float] = {}
+
+        async def collect() -> None:
+            while True:
+                for messages in (await consumer.getmany(timeout_ms=200)).values():
+                    now = time.monotonic()
+                    for message in messages:
+                        arrived.setdefault(dict(message.headers)["ce_id"].decode(), now)
+
+        collector = asyncio.create_task(collect())
+        total = int(rate * seconds)
+        started = time.monotonic()
+        for n in range(total):
+            key = f"lat/{n % 1000:04d}"
+            body = s3_body(key, f"{0x0069B21FFD07000000 + n:018X}")
+            [event] = normalize(Delivery("s3", body))
+            await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
+            sent[event.id] = time.monotonic()
+            await producer.send(raw_topic, body, key=key.encode(), headers=[("source", b"s3")])
+        await producer.flush()
+        deadline = time.monotonic() + 60
+        while len(arrived) < total and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        collector.cancel()
+        await producer.stop()
+        await consumer.stop()
+        return sorted(arrived[i] - sent[i] for i in sent if i in arrived)
+    finally:
+        stop(worker)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--deliveries", type=int, default=200_000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rate", type=float, default=2000.0, help="offered load for latency")
+    parser.add_argument("--seconds", type=float, default=10.0, help="latency run length")
+    args = parser.parse_args()
+    bootstrap = bootstrap_servers()
+    records = workload(args.deliveries, args.seed)
+    print(
+        f"# {len(records)} deliveries (seed {args.seed}), {len(expected_ids(records))} distinct "
+        f"changes, {PARTITIONS} partitions, broker {bootstrap}, {os.cpu_count()} cores",
+        flush=True,
+    )
+    raw_topic, sink = f"bench-raw-{uuid.uuid4().hex[:8]}", f"bench-sink-{uuid.uuid4().hex[:8]}"
+    asyncio.run(create_topics(bootstrap, raw_topic, sink))
+    asyncio.run(fill(bootstrap, raw_topic, records))
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        workdir = Path(tmp)
+        top = asyncio.run(ceiling(bootstrap, raw_topic, sink, len(records)))
+        print(f"ceiling   (bare aiokafka consume -> produce): {top:>10,.0f} events/s", flush=True)
+        floor = run_floor(bootstrap, raw_topic, len(records), workdir)
+        print(f"engine floor (Faust agent, no work):        {floor:>10,.0f} events/s", flush=True)
+        pipeline = run_pipeline(bootstrap, raw_topic, len(records), workdir)
+        print(
+            f"pipeline  (full worker):                    {pipeline:>10,.0f} events/s", flush=True
+        )
+        delays = asyncio.run(latency(bootstrap, args.rate, args.seconds, workdir))
+    if delays:
+        p50 = delays[len(delays) // 2] * 1000
+        p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))] * 1000
+        print(
+            f"latency at {args.rate:,.0f}/s for {args.seconds:.0f} s: p50 {p50:.0f} ms, "
+            f"p99 {p99:.0f} ms ({len(delays)} events)"
+        )
+    print(f"pipeline / engine floor: {pipeline / floor:.3f}")
+    print(f"pipeline / ceiling: {pipeline / top:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
