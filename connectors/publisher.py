@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from streams.producer_errors import RENEW_ON
 from streams.topics import RAW_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ class RawPublisher:
         self.timeout_s = timeout_s
         self.bootstrap_servers = bootstrap_servers
         self._producer: AIOKafkaProducer | None = None
+        self._renewal: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Connect, retrying while Kafka is unreachable."""
@@ -77,6 +80,8 @@ class RawPublisher:
                 delay = min(delay * 2, 5.0)
 
     async def stop(self) -> None:
+        if self._renewal is not None:
+            self._renewal.cancel()
         if self._producer is not None:
             await self._producer.stop()
 
@@ -94,4 +99,23 @@ class RawPublisher:
             # the provider's retry becomes a duplicate the stream drops by id.
             await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except (KafkaError, TimeoutError) as exc:
+            if isinstance(exc, RENEW_ON):
+                self._renew_in_background()
             raise PublishFailed(f"Kafka did not acknowledge the write: {exc!r}") from exc
+
+    def _renew_in_background(self) -> None:
+        """Replace a producer whose idempotence state the broker no longer accepts (after a
+        broker restart aiokafka can fail every later send with OutOfOrderSequenceNumber).
+        Until the new one is connected, deliveries get 503."""
+        if self._renewal is not None and not self._renewal.done():
+            return
+        old, self._producer = self._producer, None
+
+        async def renew() -> None:
+            log.warning("renewing the Kafka producer after a producer-state error")
+            if old is not None:
+                with contextlib.suppress(KafkaError):
+                    await old.stop()
+            await self.start()
+
+        self._renewal = asyncio.get_running_loop().create_task(renew())

@@ -16,21 +16,28 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import RecordMetadata
 
 from streams import metrics
+from streams.producer_errors import RENEW_ON
 from streams.records import OutRecord
 from streams.topics import RAW_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_S = 5.0
+RENEW_AFTER_ROUNDS = 5
 
 
 class RecordSender:
     """The stream's one producer for output, stale, dead-letter and changelog records."""
 
     def __init__(self, bootstrap_servers: str, client_id: str) -> None:
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap_servers,
-            client_id=client_id,
+        self.bootstrap_servers = bootstrap_servers
+        self.client_id = client_id
+        self._producer = self._new_producer()
+
+    def _new_producer(self) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap_servers,
+            client_id=self.client_id,
             acks="all",
             enable_idempotence=True,
             linger_ms=5,
@@ -53,11 +60,23 @@ class RecordSender:
     async def stop(self) -> None:
         await self._producer.stop()
 
+    async def _renew(self) -> None:
+        """Replace a producer whose idempotence state the broker no longer accepts (after a
+        broker restart aiokafka can fail every later send with OutOfOrderSequenceNumber)."""
+        log.warning("renewing the producer after repeated failures")
+        try:
+            await self._producer.stop()
+        except KafkaError:
+            log.debug("stopping the old producer failed", exc_info=True)
+        self._producer = self._new_producer()
+        await self.start()
+
     async def send_all(self, records: Sequence[OutRecord]) -> list[RecordMetadata]:
         """Send every record; return their metadata, in order, once all are acknowledged."""
         results: list[RecordMetadata | None] = [None] * len(records)
         pending = list(range(len(records)))
         delay = 0.2
+        failed_rounds = 0
         while pending:
             futures: list[tuple[int, asyncio.Future[RecordMetadata]]] = []
             failed: list[int] = []
@@ -90,6 +109,9 @@ class RecordSender:
             pending = sorted(failed)
             if pending:
                 metrics.SEND_RETRIES.inc()
+                failed_rounds += 1
+                if isinstance(error, RENEW_ON) or failed_rounds % RENEW_AFTER_ROUNDS == 0:
+                    await self._renew()
                 log.warning(
                     "Kafka did not acknowledge %d of %d records (%r); sending them again in %.1f s",
                     len(pending),

@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, cast
 
 import faust
@@ -48,7 +50,25 @@ def _load() -> Settings:
         raise SystemExit(2) from None
 
 
+def _check_data_dir(path: Path) -> None:
+    """The RocksDB state directory must be a writable directory. Say so in one line and
+    stop (exit 2) rather than failing deep inside Faust or RocksDB with a traceback."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        print(
+            f"storage-events: the state directory {str(path)!r} (STREAMS_DATA_DIR, "
+            f"stream.data_dir) is not a writable directory: {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+
+
 settings = _load()
+_check_data_dir(settings.stream.data_dir)
 
 
 class StreamsApp(faust.App):

@@ -1,0 +1,224 @@
+"""Tenant isolation, as a property: an event lands in exactly the instances whose bucket and
+prefix contain it (the prefix on a path boundary), with the prefix stripped, and in no other.
+
+Pure: `streams.rules.apply_instance` for events, and `streams.routing.route` for whole raw
+deliveries (S3, whose keys are form-encoded on the wire, and GCS, whose keys are raw), so that
+the decoding of `%2F`, `+` and unicode happens before the rules and cannot smuggle a key into
+another tenant. The oracle below is written independently of `under_prefix`: path segments.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streams.config import InstanceConfig, Settings
+from streams.event import FileEvent
+from streams.records import RawRecord, parse_keyed_value
+from streams.routing import route
+from streams.rules import Filtered, apply_instance
+
+# Pieces that make look-alike and traversal-shaped keys and prefixes.
+SEGMENTS = [
+    "tenant-a",
+    "tenant-ab",
+    "tenant-a ",
+    "tenant-a\u200b",  # zero-width space
+    "tenant-\u0430",  # Cyrillic a
+    "\uff54enant-a",  # fullwidth t
+    "TENANT-A",
+    "tenant-a%2F",
+    "%2F",
+    "%2f..",
+    "..",
+    ".",
+    "",
+    "a+b",
+    "a b",
+    "日本",
+    "e\u0301",  # e + combining acute (NFD)
+    "\u00e9",  # é (NFC)
+    "\\",
+    "tenant-a\\x",
+]
+
+segment = st.sampled_from(SEGMENTS) | st.text(min_size=0, max_size=6)
+path = st.lists(segment, min_size=1, max_size=5).map("/".join)
+BUCKETS = ["uploads", "uploads-b", None]
+
+
+def oracle(key: str, bucket: str | None, instance: InstanceConfig) -> str | None:
+    """The key the instance sees, or None when the event is not the instance's."""
+    if instance.bucket is not None and bucket is not None and bucket != instance.bucket:
+        return None
+    if not instance.prefix:
+        return key
+    prefix_parts = instance.prefix.split("/")
+    key_parts = key.split("/")
+    if key_parts[: len(prefix_parts)] != prefix_parts:
+        return None
+    rest = "/".join(key_parts[len(prefix_parts) :])
+    return rest if len(key_parts) > len(prefix_parts) and rest else None
+
+
+@st.composite
+def tenants(draw: st.DrawFn) -> list[InstanceConfig]:
+    count = draw(st.integers(min_value=1, max_value=5))
+    return [
+        InstanceConfig(
+            name=f"t{index}",
+            prefix=draw(path | st.sampled_from(["tenant-a", "tenant-ab", "tenant-a/x", ""])),
+            bucket=draw(st.sampled_from(BUCKETS)),
+        )
+        for index in range(count)
+    ]
+
+
+@st.composite
+def keys_for(draw: st.DrawFn, instances: list[InstanceConfig]) -> str:
+    """Often under one of the prefixes (or a look-alike of one), else anything."""
+    choice = draw(st.integers(min_value=0, max_value=3))
+    prefix = draw(st.sampled_from([instance.prefix for instance in instances]))
+    if choice == 0:
+        return draw(path)
+    if choice == 1:
+        return f"{prefix}/{draw(path)}"
+    if choice == 2:  # a look-alike: the prefix with something glued on, or cut short
+        glue = draw(st.sampled_from(["b", "-", " ", "%2F", "\u200b", "", "/"]))
+        return f"{prefix}{glue}{draw(path)}" if draw(st.booleans()) else prefix[:-1] + glue
+    return f"{draw(st.sampled_from(['', '/', '//', '../', './']))}{prefix}/{draw(path)}"
+
+
+def file_event(key: str, bucket: str | None) -> FileEvent:
+    return FileEvent(
+        id="x:1",
+        type="created",
+        key=key,
+        bucket=bucket,
+        time=datetime(2026, 11, 30, tzinfo=UTC),
+        provider="s3",
+    )
+
+
+LOOK_ALIKES = {
+    "tenant-a/x": {"a": "x"},
+    "tenant-ab/x": {"ab": "x"},
+    "tenant-abx": {},
+    "tenant-a": {},
+    "tenant-a/": {},
+    "tenant-a%2Fx": {},
+    "tenant-a\u200b/x": {},
+    "tenant-\u0430/x": {},
+    "TENANT-A/x": {},
+    "tenant-a//x": {"a": "/x"},
+    "tenant-a/../tenant-ab/x": {"a": "../tenant-ab/x"},
+    "../tenant-a/x": {},
+    "/tenant-a/x": {},
+    "x/tenant-a/y": {},
+}
+
+
+@pytest.mark.parametrize(("key", "expected"), LOOK_ALIKES.items())
+def test_look_alike_prefixes_never_share_keys(key: str, expected: dict[str, str]) -> None:
+    instances = [
+        InstanceConfig(name="a", prefix="tenant-a"),
+        InstanceConfig(name="ab", prefix="tenant-ab"),
+    ]
+    got = {}
+    for instance in instances:
+        result = apply_instance(file_event(key, "uploads"), instance)
+        if isinstance(result, FileEvent):
+            got[instance.name] = result.key
+    assert got == expected
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), instances=tenants())
+def test_an_event_lands_in_exactly_the_instances_that_contain_its_key(
+    data: st.DataObject, instances: list[InstanceConfig]
+) -> None:
+    key = data.draw(keys_for(instances))
+    bucket = data.draw(st.sampled_from(BUCKETS))
+    event = file_event(key, bucket)
+    for instance in instances:
+        expected = oracle(key, bucket, instance)
+        result = apply_instance(event, instance)
+        if expected is None:
+            assert isinstance(result, Filtered), (key, instance.prefix, result)
+        else:
+            assert isinstance(result, FileEvent), (key, instance.prefix, result)
+            assert result.key == expected
+            # the instance's view never reaches outside its prefix
+            if instance.prefix:
+                assert f"{instance.prefix}/{result.key}" == key
+
+
+def _settings(instances: list[InstanceConfig]) -> Settings:
+    return Settings.model_validate(
+        {"instances": [instance.model_dump(exclude_none=True) for instance in instances]}
+    )
+
+
+def _s3_delivery(key: str, bucket: str) -> RawRecord:
+    record = {
+        "eventVersion": "2.1",
+        "eventSource": "aws:s3",
+        "eventTime": "2026-11-30T00:00:00.000Z",
+        "eventName": "ObjectCreated:Put",
+        "s3": {
+            "bucket": {"name": bucket},
+            "object": {
+                # what S3 sends: the key form-encoded
+                "key": urllib.parse.quote_plus(key, safe="/"),
+                "size": 1,
+                "sequencer": "00AA",
+            },
+        },
+    }
+    body = json.dumps({"Records": [record]}).encode()
+    return RawRecord("files.raw", body, {"source": b"s3"})
+
+
+def _gcs_delivery(key: str, bucket: str) -> RawRecord:
+    resource = {"name": key, "bucket": bucket, "generation": "7", "metageneration": "1"}
+    headers = {
+        "source": b"gcs",
+        "attribute.eventType": b"OBJECT_FINALIZE",
+        "attribute.payloadFormat": b"JSON_API_V1",
+        "attribute.bucketId": bucket.encode(),
+        "attribute.objectId": key.encode(),
+        "attribute.objectGeneration": b"7",
+        "attribute.eventTime": b"2026-11-30T00:00:00Z",
+    }
+    return RawRecord("files.raw", json.dumps(resource).encode(), headers)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), instances=tenants(), source=st.sampled_from(["s3", "gcs"]))
+def test_a_delivery_is_routed_to_exactly_the_instances_that_contain_its_key(
+    data: st.DataObject, instances: list[InstanceConfig], source: str
+) -> None:
+    key = data.draw(keys_for(instances).filter(lambda k: k and "\x00" not in k))
+    bucket = data.draw(st.sampled_from(["uploads", "uploads-b"]))
+    raw = _s3_delivery(key, bucket) if source == "s3" else _gcs_delivery(key, bucket)
+    routed = route(raw, None, _settings(instances))
+    if routed.dead_letter_reason is not None:
+        # a key the provider cannot send (e.g. lone surrogates): nobody gets anything
+        assert all(record.topic == "files.dead-letter" for record in routed.records)
+        return
+    got: dict[str, str] = {}
+    for record in routed.records:
+        instance_name, event = parse_keyed_value(record.value or b"")
+        assert instance_name not in got, "one event reached an instance twice"
+        got[instance_name] = event.key
+    expected = {
+        instance.name: seen
+        for instance in instances
+        if (seen := oracle(key, bucket, instance)) is not None
+    }
+    assert got == expected
