@@ -47,6 +47,11 @@ def raw_headers(
     return headers
 
 
+def _retrieve_exception(future: asyncio.Future[object]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 class RawPublisher:
     """An idempotent producer (acks=all) whose `publish` returns only once Kafka has the record."""
 
@@ -97,6 +102,8 @@ class RawPublisher:
             )
             # shield: a timed-out answer must not cancel the write itself; if it lands later,
             # the provider's retry becomes a duplicate the stream drops by id.
+            # A write that fails after its answer timed out is only logged by the retry.
+            future.add_done_callback(_retrieve_exception)
             await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
         except (KafkaError, TimeoutError) as exc:
             if isinstance(exc, RENEW_ON):
