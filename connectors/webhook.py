@@ -229,9 +229,15 @@ async def receive(request: web.Request) -> web.StreamResponse:
         raise web.HTTPMethodNotAllowed(request.method, sorted(methods))
     body = await _read_body(request, source, request.app[MAX_BODY_KEY])
     services = request.app[SERVICES_KEY]
-    verdict = await route.authenticator.authenticate(
-        _request_facts(request, body, services.clock())
-    )
+    try:
+        verdict = await route.authenticator.authenticate(
+            _request_facts(request, body, services.clock())
+        )
+    except Exception:
+        # A bug in an authenticator must neither publish nor answer 500 to a bad delivery.
+        log.exception("authenticating a delivery to /hooks/%s failed", source)
+        REJECTED.labels(source, "unreadable").inc()
+        return web.Response(status=400, text="unreadable delivery\n")
     if verdict.outcome == REJECT:
         REJECTED.labels(source, verdict.reason).inc()
         log.info(

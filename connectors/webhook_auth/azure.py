@@ -37,7 +37,7 @@ def validation_code(body: bytes) -> str | None:
     """The `validationCode` of an Event Grid SubscriptionValidationEvent body, else None."""
     try:
         events: Any = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
         return None
     if isinstance(events, dict):
         events = [events]

@@ -144,7 +144,7 @@ class Services:
     http_get: HttpGet = default_http_get
 
 
-FETCH_ERRORS = (OSError, asyncio.TimeoutError, ValueError)
+FETCH_ERRORS = (OSError, asyncio.TimeoutError, ValueError, RecursionError)
 """What a failed fetch of keys or certificates may raise (ValueError: unparsable content)."""
 
 

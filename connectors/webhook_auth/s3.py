@@ -244,7 +244,7 @@ class SnsMessages:
     async def authenticate(self, request: RequestFacts) -> Verdict:
         try:
             message = json.loads(request.body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting
             return reject("missing-signature", "body is not an SNS message (raw delivery?)")
         if not isinstance(message, dict) or "Signature" not in message:
             return reject("missing-signature", "body is not a signed SNS message")
