@@ -11,6 +11,7 @@ Logs of the worker and the bridge go to ~/.cache/storage-events/run/.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -28,7 +29,9 @@ WORKER_WEB_PORT = os.environ.get("STREAMS_WEB_PORT", "6066")
 
 
 def say(message: str) -> None:
-    print(f"[make run] {message}", flush=True)
+    # Never let a closed terminal (or a dead `| tee`) stop the clean-up that follows.
+    with contextlib.suppress(OSError):
+        print(f"[make run] {message}", flush=True)
 
 
 def answers(url: str) -> bool:
@@ -149,12 +152,20 @@ Ctrl-C here stops the bridge, the worker{" and the broker" if started_broker els
         interrupted = True
         return 0
     finally:
+        # Ctrl-C reaches this script again while it waits: finish the clean-up regardless.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if interrupted:
-            print()
+            say("stopping")
         stop(bridge, "webhook bridge")
         stop(worker, "worker")
         if started_broker:
-            subprocess.run([sys.executable, str(LOCAL_KAFKA), "stop"], check=False)
+            subprocess.run(
+                [sys.executable, str(LOCAL_KAFKA), "stop"],
+                check=False,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            say("stopped the Kafka broker")
 
 
 if __name__ == "__main__":
