@@ -72,9 +72,6 @@ import logging
 import os
 import random
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -92,14 +89,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from benchmarks.harness import PrivateBroker, WorkerProcess, free_port
 from streams.event import FileEvent
 from streams.normalizers import MalformedDelivery, normalize
 from streams.ordering import Mark, mark_for, staleness
 from streams.records import RawRecord, delivery_from_raw
 
-ROOT = Path(__file__).resolve().parent.parent
-FAUST = Path(sys.executable).with_name("faust")
-LOCAL_KAFKA = ROOT / "dev" / "kafka" / "localkafka.py"
 BASE_TIME = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
 
 Header = tuple[str, bytes]
@@ -381,114 +376,6 @@ def build_workload(count: int, keys: int, seed: int) -> Workload:
 
 
 # ------------------------------------------------------------------------------ processes
-
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free on 127.0.0.1, below the ephemeral range."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000)
-        try:
-            with socket.socket() as first, socket.socket() as second:
-                first.bind(("127.0.0.1", port))
-                second.bind(("127.0.0.1", port + 1))
-        except OSError:
-            continue
-        return port
-    raise SystemExit("no free pair of ports on 127.0.0.1")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Broker:
-    """A private local broker for the run (dev/kafka/localkafka.py)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port_pair()
-        self.env = {
-            **os.environ,
-            "LOCAL_KAFKA_DIR": str(directory),
-            "LOCAL_KAFKA_PORT": str(self.port),
-            "LOCAL_KAFKA_HEAP": os.environ.get("LOCAL_KAFKA_HEAP", "768m"),
-        }
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        self.log = directory / "broker.log"
-
-    def _run(self, command: str) -> None:
-        result = subprocess.run(
-            [sys.executable, str(LOCAL_KAFKA), command],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise SystemExit(f"broker {command} failed: {result.stderr.strip()}")
-
-    def start(self) -> None:
-        self._run("start")
-
-    def stop(self) -> None:
-        self._run("stop")
-
-
-class WorkerProcess:
-    """`faust -A streams worker` as a subprocess."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env, self.log = env, log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [str(FAUST), "-A", "streams", "worker", "-l", "info"],
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def ready(self) -> bool:
-        url = f"http://127.0.0.1:{self.env['STREAMS_WEB_PORT']}/ready"
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    def wait_ready(self, timeout_s: float = 180) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                raise SystemExit(
-                    f"the worker exited with {self.process.returncode}; see {self.log}"
-                )
-            if self.ready():
-                return
-            time.sleep(0.05)
-        raise SystemExit(f"worker not ready after {timeout_s:.0f} s; see {self.log}")
-
-    def kill(self) -> None:
-        assert self.process is not None
-        if self.process.poll() is not None:
-            raise SystemExit(f"the worker died by itself ({self.process.returncode}); {self.log}")
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 class Producer(threading.Thread):
@@ -841,7 +728,7 @@ def run(args: argparse.Namespace, command: str) -> Result:
     result.by_source = dict(work.by_source)
     result.redeliveries, result.out_of_order_pairs = work.redeliveries, work.out_of_order_pairs
     workdir = Path(tempfile.mkdtemp(prefix="chaos-"))
-    broker = Broker(workdir / "kafka")
+    broker = PrivateBroker(workdir / "kafka")
     suffix = uuid.uuid4().hex[:8]
     app_id = f"chaos-{suffix}"
     raw, output, stale_topic, dead_letter = "chaos.raw", "chaos.events", "chaos.stale", "chaos.dlq"

@@ -17,13 +17,10 @@ import asyncio
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,21 +28,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-ROOT = Path(__file__).resolve().parent.parent
-FAUST = Path(sys.executable).with_name("faust")
-
-
-def bootstrap_servers() -> str:
-    given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if given:
-        return given
-    started = subprocess.run(
-        [sys.executable, str(ROOT / "dev/kafka/localkafka.py"), "start"],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=True,
-    )
-    return started.stdout.strip().splitlines()[-1]
+from benchmarks.harness import WorkerProcess, bootstrap_servers, metric
 
 
 def s3_change(index: int, keys: int) -> tuple[bytes, bytes]:
@@ -83,48 +66,6 @@ class Run:
     emitted_distinct: int = 0
     lost: int = 0
     stale: int = 0
-
-
-class WorkerProcess:
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env, self.log = env, log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [str(FAUST), "-A", "streams", "worker", "-l", "info"],
-                cwd=ROOT,
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def wait_ready(self, timeout_s: float = 120) -> None:
-        deadline = time.monotonic() + timeout_s
-        # A failpoint may kill it before it is ready: that counts as a crash, not a hang.
-        url = f"http://127.0.0.1:{self.env['STREAMS_WEB_PORT']}/ready"
-        while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
-                return
-            try:
-                with urllib.request.urlopen(url, timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise SystemExit(f"worker not ready after {timeout_s} s; see {self.log}")
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            self.process.wait(60)
 
 
 def produce_steadily(bootstrap: str, topic: str, count: int, rate: float, keys: int) -> None:
@@ -175,17 +116,6 @@ async def read_output(bootstrap: str, topic: str) -> list[str]:
         await consumer.stop()
 
 
-def metric(port: str, name: str) -> float:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0.0
-    return sum(
-        float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith(name)
-    )
-
-
 def run_once(bootstrap: str, guarantee: str, args: argparse.Namespace, workdir: Path) -> Run:
     suffix = uuid.uuid4().hex[:8]
     app_id, raw_topic, output = f"chaos-{suffix}", f"chaos-raw-{suffix}", f"chaos-out-{suffix}"
@@ -211,7 +141,7 @@ def run_once(bootstrap: str, guarantee: str, args: argparse.Namespace, workdir: 
     worker = WorkerProcess(env, workdir / f"{guarantee}.log")
     result = Run(guarantee, sent=args.deliveries)
     worker.start()
-    worker.wait_ready()
+    worker.wait_ready(allow_exit=True)
     producer = threading.Thread(
         target=produce_steadily,
         daemon=True,
@@ -235,7 +165,7 @@ def run_once(bootstrap: str, guarantee: str, args: argparse.Namespace, workdir: 
                 "" if last_kill or not args.window else f"after-output:{chooser.randint(1, 4)}"
             )
             worker.start()
-            worker.wait_ready()
+            worker.wait_ready(allow_exit=True)
             result.kills.append(time.monotonic() - killed_at)
         producer.join()
         port = env["STREAMS_WEB_PORT"]

@@ -38,26 +38,12 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from benchmarks.harness import FAUST, ROOT, bootstrap_servers, metric
 from streams.delivery import Delivery
 from streams.normalizers import normalize
 
-ROOT = Path(__file__).resolve().parent.parent
-FAUST = Path(sys.executable).with_name("faust")
 PARTITIONS = 4
 Raw = tuple[bytes, bytes, list[tuple[str, bytes]]]
-
-
-def bootstrap_servers() -> str:
-    given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if given:
-        return given
-    started = subprocess.run(
-        [sys.executable, str(ROOT / "dev/kafka/localkafka.py"), "start"],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=True,
-    )
-    return started.stdout.strip().splitlines()[-1]
 
 
 def s3_body(key: str, sequencer: str, event: str = "ObjectCreated:Put") -> bytes:
@@ -259,19 +245,6 @@ def http_json(url: str) -> Any:
             return json.loads(response.read())
     except (OSError, ValueError):
         return None
-
-
-def metric(port: int, name: str) -> float:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0.0
-    return sum(
-        float(line.rpartition(" ")[2])
-        for line in text.splitlines()
-        if line.startswith(name + "{") or line.startswith(name + " ")
-    )
 
 
 def timed(progress: Callable[[], float], target: float, timeout_s: float) -> float:

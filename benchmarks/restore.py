@@ -27,7 +27,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,32 +40,12 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
+from benchmarks.harness import FAUST, ROOT, bootstrap_servers, free_port
 from streams.config import load_settings, parse_duration
 from streams.emitting import encode_expiry, seen_key
 from streams.topics import SEEN_TABLE, changelog_topic, ensure_topics, topology
 
-ROOT = Path(__file__).resolve().parent.parent
-FAUST = Path(sys.executable).with_name("faust")
 INSTANCE = "default"
-
-
-def bootstrap_servers() -> str:
-    given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
-    if given:
-        return given
-    started = subprocess.run(
-        [sys.executable, str(ROOT / "dev/kafka/localkafka.py"), "start"],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=True,
-    )
-    return started.stdout.strip().splitlines()[-1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_config(workdir: Path, app_id: str, partitions: int, ttl: str) -> Path:

@@ -4,15 +4,12 @@ succeeds once it is back; every 2xx is in Kafka, nothing else is."""
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from support.kafka_io import read_topic
-from support.local_broker import LOCAL_KAFKA, free_port_pair
+from support.local_broker import PrivateBroker
 from support.webhook_signing import settings_for
 
 from connectors.publisher import RawPublisher
@@ -23,27 +20,9 @@ pytestmark = pytest.mark.kafka
 TOKEN = "t0ken"
 
 
-def broker(command: str, env: dict[str, str]) -> None:
-    result = subprocess.run(
-        [sys.executable, str(LOCAL_KAFKA), command],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-
-
 def test_503_during_an_outage_then_the_retry_is_published(tmp_path: Path) -> None:
-    port = free_port_pair()
-    env = {
-        **os.environ,
-        "LOCAL_KAFKA_DIR": str(tmp_path / "kafka"),
-        "LOCAL_KAFKA_PORT": str(port),
-        "LOCAL_KAFKA_HEAP": "512m",
-    }
-    bootstrap = f"127.0.0.1:{port}"
+    kafka = PrivateBroker(tmp_path / "kafka")
+    bootstrap = kafka.bootstrap
     topic = "outage.raw"
     settings = settings_for(
         bootstrap,
@@ -64,9 +43,9 @@ def test_503_during_an_outage_then_the_retry_is_published(tmp_path: Path) -> Non
         app = create_app(settings, publisher, {"MINIO_TOKEN": TOKEN})
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
             statuses = [await post(client, bodies[0])]  # broker up
-            await asyncio.to_thread(broker, "stop", env)
+            await asyncio.to_thread(kafka.run, "stop")
             statuses.append(await post(client, bodies[1]))  # broker down
-            await asyncio.to_thread(broker, "start", env)
+            await asyncio.to_thread(kafka.run, "start")
             # The provider retries until it gets a 2xx: the same body, again and again.
             for _ in range(30):
                 status = await post(client, bodies[1])
@@ -76,12 +55,12 @@ def test_503_during_an_outage_then_the_retry_is_published(tmp_path: Path) -> Non
             statuses.append(await post(client, bodies[2]))
         return statuses
 
-    broker("start", env)
+    kafka.run("start")
     try:
         statuses = asyncio.run(scenario())
         published = [read.value for read in asyncio.run(read_topic(bootstrap, topic))]
     finally:
-        broker("stop", env)
+        kafka.run("stop")
 
     assert statuses[0] == 202
     assert statuses[1] == 503

@@ -6,60 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
-import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.kafka_io import produce, raw, read_topic
+from support.local_broker import PrivateBroker
 from support.payloads import s3_body, s3_record
 from support.worker import FAUST, ROOT, Topology, Worker, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
-
-# (tests/conftest.py has these too, but `conftest` here is tests/chaos/conftest.py)
-LOCAL_KAFKA = ROOT / "dev" / "kafka" / "localkafka.py"
-
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 (the controller) free, below the ephemeral range."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000)
-        try:
-            with socket.socket() as first, socket.socket() as second:
-                first.bind(("127.0.0.1", port))
-                second.bind(("127.0.0.1", port + 1))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free pair of ports on 127.0.0.1")
-
-
-class PrivateBroker:
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port_pair()
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        self.env = {
-            **os.environ,
-            "LOCAL_KAFKA_DIR": str(directory),
-            "LOCAL_KAFKA_PORT": str(self.port),
-            "LOCAL_KAFKA_HEAP": "512m",
-        }
-
-    def run(self, command: str) -> None:
-        result = subprocess.run(
-            [sys.executable, str(LOCAL_KAFKA), command],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
 
 
 @pytest.fixture

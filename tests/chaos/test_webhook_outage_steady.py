@@ -7,9 +7,6 @@ provider until it gets a 2xx). Prints acknowledged vs published for the run.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +14,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from support.kafka_io import read_topic
-from support.local_broker import LOCAL_KAFKA, free_port_pair
+from support.local_broker import PrivateBroker
 from support.webhook_signing import settings_for
 
 from connectors.publisher import RawPublisher
@@ -30,29 +27,11 @@ RATE_PER_S = 20
 OUTAGE_S = 30.0
 
 
-def broker(command: str, env: dict[str, str]) -> None:
-    result = subprocess.run(
-        [sys.executable, str(LOCAL_KAFKA), command],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-
-
 def test_steady_traffic_through_a_30_s_outage(
     tmp_path: Path, chaos_report: Callable[[str], None]
 ) -> None:
-    port = free_port_pair()
-    env = {
-        **os.environ,
-        "LOCAL_KAFKA_DIR": str(tmp_path / "kafka"),
-        "LOCAL_KAFKA_PORT": str(port),
-        "LOCAL_KAFKA_HEAP": "512m",
-    }
-    bootstrap = f"127.0.0.1:{port}"
+    kafka = PrivateBroker(tmp_path / "kafka")
+    bootstrap = kafka.bootstrap
     topic = "steady.raw"
     settings = settings_for(
         bootstrap,
@@ -80,9 +59,9 @@ def test_steady_traffic_through_a_30_s_outage(
 
             async def outage() -> None:
                 await asyncio.sleep(5)
-                await asyncio.to_thread(broker, "stop", env)
+                await asyncio.to_thread(kafka.run, "stop")
                 await asyncio.sleep(OUTAGE_S)
-                await asyncio.to_thread(broker, "start", env)
+                await asyncio.to_thread(kafka.run, "start")
 
             deliveries = []
             outage_task = asyncio.create_task(outage())
@@ -96,12 +75,12 @@ def test_steady_traffic_through_a_30_s_outage(
             await outage_task
             await asyncio.wait_for(asyncio.gather(*deliveries), 120)
 
-    broker("start", env)
+    kafka.run("start")
     try:
         asyncio.run(scenario())
         published = [read.value for read in asyncio.run(read_topic(bootstrap, topic, 60))]
     finally:
-        broker("stop", env)
+        kafka.run("stop")
 
     acknowledged = {body for body, statuses in answers.items() if statuses[-1] < 300}
     refused = sum(status >= 500 for statuses in answers.values() for status in statuses)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import subprocess
@@ -35,3 +36,29 @@ def free_port_pair() -> int:
             continue
         return port
     raise RuntimeError("no free pair of ports on 127.0.0.1")
+
+
+class PrivateBroker:
+    """A broker of one test's own (its own directory and ports), to stop and start at will."""
+
+    def __init__(self, directory: Path, heap: str = "512m") -> None:
+        self.port = free_port_pair()
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "LOCAL_KAFKA_DIR": str(directory),
+            "LOCAL_KAFKA_PORT": str(self.port),
+            "LOCAL_KAFKA_HEAP": heap,
+        }
+
+    def run(self, command: str) -> None:
+        """`localkafka.py <command>` for this broker; fails the test if it fails."""
+        result = subprocess.run(
+            [sys.executable, str(LOCAL_KAFKA), command],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr

@@ -1,0 +1,159 @@
+"""What the benchmarks share: the broker to use, private brokers, worker processes, metrics.
+
+Benchmarks are scripts that print figures, not tests; they import nothing from `tests/`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FAUST = Path(sys.executable).with_name("faust")
+LOCAL_KAFKA = ROOT / "dev" / "kafka" / "localkafka.py"
+
+
+def bootstrap_servers() -> str:
+    given = os.environ.get("KAFKA_BOOTSTRAP_SERVERS")
+    if given:
+        return given
+    started = subprocess.run(
+        [sys.executable, str(LOCAL_KAFKA), "start"],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
+    return started.stdout.strip().splitlines()[-1]
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free on 127.0.0.1, below the ephemeral range."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        try:
+            with socket.socket() as first, socket.socket() as second:
+                first.bind(("127.0.0.1", port))
+                second.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise SystemExit("no free pair of ports on 127.0.0.1")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrivateBroker:
+    """A private local broker for the run (dev/kafka/localkafka.py)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port_pair()
+        self.env = {
+            **os.environ,
+            "LOCAL_KAFKA_DIR": str(directory),
+            "LOCAL_KAFKA_PORT": str(self.port),
+            "LOCAL_KAFKA_HEAP": os.environ.get("LOCAL_KAFKA_HEAP", "768m"),
+        }
+        self.bootstrap = f"127.0.0.1:{self.port}"
+        self.log = directory / "broker.log"
+
+    def _run(self, command: str) -> None:
+        result = subprocess.run(
+            [sys.executable, str(LOCAL_KAFKA), command],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise SystemExit(f"broker {command} failed: {result.stderr.strip()}")
+
+    def start(self) -> None:
+        self._run("start")
+
+    def stop(self) -> None:
+        self._run("stop")
+
+
+class WorkerProcess:
+    """`faust -A streams worker` as a subprocess."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log = env, log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [str(FAUST), "-A", "streams", "worker", "-l", "info"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def ready(self) -> bool:
+        url = f"http://127.0.0.1:{self.env['STREAMS_WEB_PORT']}/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout_s: float = 180, allow_exit: bool = False) -> None:
+        """Wait for `/ready`; a worker that exits first is an error, unless `allow_exit` (a
+        failpoint may kill it before it is ready: a crash, not a hang)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                if allow_exit:
+                    return
+                raise SystemExit(
+                    f"the worker exited with {self.process.returncode}; see {self.log}"
+                )
+            if self.ready():
+                return
+            time.sleep(0.05)
+        raise SystemExit(f"worker not ready after {timeout_s:.0f} s; see {self.log}")
+
+    def kill(self) -> None:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise SystemExit(f"the worker died by itself ({self.process.returncode}); {self.log}")
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def metric(port: int | str, name: str) -> float:
+    """The sum of a worker's samples of `name` (all labels) from its `/metrics`."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    return sum(
+        float(line.rpartition(" ")[2])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )
