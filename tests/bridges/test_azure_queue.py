@@ -11,11 +11,8 @@ import asyncio
 import base64
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +22,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from azure.storage.queue import QueueClient
 from support.azurite import Azurite, azurite  # noqa: F401 (the fixture)
+from support.bridge_process import BridgeProcess
 from support.kafka_io import Read, read_topic
 from support.payloads import azure_event
 from support.worker import ROOT, Topology, Worker, free_port, wait_for
@@ -35,7 +33,7 @@ CONNECTION_ENV = "TEST_AZURE_STORAGE_CONNECTION_STRING"
 WRONG_KEY = base64.b64encode(b"not the account key, but valid base64").decode()
 
 
-class Bridge:
+class Bridge(BridgeProcess):
     """One `python -m connectors azure-queue` process; stderr kept for assertions."""
 
     def __init__(self, args: list[str], env: dict[str, str], workdir: Path) -> None:
@@ -52,42 +50,6 @@ class Bridge:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def metric(self, name: str) -> float:
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
-            ) as response:
-                text = response.read().decode()
-        except OSError:
-            return 0.0
-        found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-        return float(found.group(1)) if found else 0.0
-
-    def wait_metric(self, name: str, at_least: float, timeout_s: float = 30) -> None:
-        def reached() -> bool:
-            if self.process.poll() is not None:
-                raise AssertionError(f"bridge exited {self.process.returncode}:\n{self.log()}")
-            return self.metric(name) >= at_least
-
-        try:
-            wait_for(reached, timeout_s, f"{name} >= {at_least}")
-        except TimeoutError as exc:
-            raise AssertionError(f"{exc}\nbridge log:\n{self.log()}") from None
-
-    def stop(self, timeout_s: float = 20) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-                raise AssertionError(f"bridge ignored SIGTERM:\n{self.log()}") from None
-        return self.process.returncode
 
 
 class Harness:

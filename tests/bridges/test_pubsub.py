@@ -21,9 +21,7 @@ import asyncio
 import json
 import os
 import queue
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -38,6 +36,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from google.cloud.pubsub_v1.subscriber._protocol.requests import AckRequest, NackRequest
 from google.cloud.pubsub_v1.subscriber.message import Message
 from google.cloud.pubsub_v1.types import PubsubMessage
+from support.bridge_process import BridgeProcess
 from support.kafka_io import read_topic
 from support.payloads import gcs_attributes, gcs_resource
 from support.processes import serving
@@ -339,7 +338,7 @@ def pubsub(emulator: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[PubSub]:
         client.close()
 
 
-class Bridge:
+class Bridge(BridgeProcess):
     """One `python -m connectors pubsub` process against the emulator."""
 
     def __init__(self, bootstrap: str, host: str, workdir: Path, *args: str) -> None:
@@ -362,42 +361,6 @@ class Bridge:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def metric(self, name: str) -> float:
-        try:
-            with urllib.request.urlopen(
-                f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
-            ) as response:
-                text = response.read().decode()
-        except OSError:
-            return 0.0
-        found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-        return float(found.group(1)) if found else 0.0
-
-    def wait_metric(self, name: str, at_least: float, timeout_s: float = 30) -> None:
-        def reached() -> bool:
-            if self.process.poll() is not None:
-                raise AssertionError(f"bridge exited {self.process.returncode}:\n{self.log()}")
-            return self.metric(name) >= at_least
-
-        try:
-            wait_for(reached, timeout_s, f"{name} >= {at_least}")
-        except TimeoutError as exc:
-            raise AssertionError(f"{exc}\nbridge log:\n{self.log()}") from None
-
-    def stop(self, timeout_s: float = 30) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-                raise AssertionError(f"bridge ignored SIGTERM:\n{self.log()}") from None
-        return self.process.returncode
 
 
 def bridge_env(bootstrap: str, host: str) -> dict[str, str]:
