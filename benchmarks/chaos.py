@@ -26,9 +26,10 @@ must stop and restart its broker):
 3. Meanwhile the worker (`faust -A streams worker`, static group membership) is SIGKILLed
    `--kills` times at random moments spread over the production window and restarted at
    once, and the broker is stopped (SIGTERM) and restarted once under the running worker.
-4. When the worker's consumer group has committed the end of the raw and the repartition
-   topics (nothing left to process), the worker is stopped and the output, stale and
-   dead-letter topics are read with `isolation.level=read_committed`.
+4. When the worker's two consumer groups (`<app id>-normalize` on the raw topic,
+   `<app id>-emit` on the repartition topic) have committed the end of their topics
+   (nothing left to process), the worker is stopped and the output, stale and dead-letter
+   topics are read with `isolation.level=read_committed`.
 
 Definitions used in the table:
 
@@ -780,7 +781,7 @@ def run(args: argparse.Namespace, command: str) -> Result:
                 result.recovery_s.append(time.monotonic() - killed_at)
                 print(f"#   SIGKILL: ready again after {result.recovery_s[-1]:.1f} s", flush=True)
             else:
-                before = lag_now(broker.bootstrap, app_id, [raw])
+                before = lag_now(broker.bootstrap, f"{app_id}-normalize", [raw])
                 stopped_at = time.monotonic()
                 broker.stop()
                 time.sleep(args.broker_down_s)
@@ -789,7 +790,7 @@ def run(args: argparse.Namespace, command: str) -> Result:
                 result.broker_down_s = back_at - stopped_at
                 committed_before = before[1] if before else 0
                 while time.monotonic() - back_at < 120:
-                    now = lag_now(broker.bootstrap, app_id, [raw])
+                    now = lag_now(broker.bootstrap, f"{app_id}-normalize", [raw])
                     if now is not None and now[1] > committed_before:
                         result.broker_resumed_s = time.monotonic() - back_at
                         break
@@ -807,7 +808,6 @@ def run(args: argparse.Namespace, command: str) -> Result:
         result.resent_by_producer = producer.resent
         print(f"# producer errors: {dict(producer.errors)}", flush=True)
         print("# production done; waiting for the worker to drain ...", flush=True)
-        topics = [raw, f"{app_id}.by-key"]
         deadline = time.monotonic() + args.drain_timeout_s
         settled = 0
         while settled < 2:
@@ -816,8 +816,12 @@ def run(args: argparse.Namespace, command: str) -> Result:
                 break
             if worker.process is not None and worker.process.poll() is not None:
                 raise SystemExit(f"the worker exited by itself; see {worker.log}")
-            lag = lag_now(broker.bootstrap, app_id, topics)
-            settled = settled + 1 if lag is not None and lag[0] == 0 else 0
+            lags = [
+                lag_now(broker.bootstrap, f"{app_id}-normalize", [raw]),
+                lag_now(broker.bootstrap, f"{app_id}-emit", [f"{app_id}.by-key"]),
+            ]
+            drained = all(lag is not None and lag[0] == 0 for lag in lags)
+            settled = settled + 1 if drained else 0
             time.sleep(0.5)
         worker.stop()
         print("# reading the output, stale and dead-letter topics ...", flush=True)

@@ -1,6 +1,7 @@
 """A Faust app whose one agent consumes a topic and does nothing else: the engine's floor.
 
-    BENCH_TOPIC=<topic> BENCH_APP_ID=<id> faust -A benchmarks.engine_floor worker -l info
+    BENCH_TOPIC=<topic> BENCH_APP_ID=<id> BENCH_DATA_DIR=<dir> \
+        faust -A benchmarks.engine_floor worker -l info
 
 Used by `benchmarks.pipeline`, which reads its progress from `/count` on the web port.
 """
@@ -17,6 +18,7 @@ app = faust.App(
     broker=f"kafka://{os.environ.get('KAFKA_BOOTSTRAP_SERVERS', '127.0.0.1:9092')}",
     web_port=int(os.environ.get("BENCH_WEB_PORT", "6099")),
     consumer_auto_offset_reset="earliest",
+    datadir=os.environ.get("BENCH_DATA_DIR", "var/engine-floor"),  # not the working directory
 )
 topic = app.topic(
     os.environ.get("BENCH_TOPIC", "bench.raw"),

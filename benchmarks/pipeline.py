@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,10 +40,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from benchmarks.harness import FAUST, ROOT, bootstrap_servers, metric
+from benchmarks.profile import report
 from streams.delivery import Delivery
 from streams.normalizers import normalize
 
 PARTITIONS = 4
+PY_SPY = Path(sys.executable).with_name("py-spy")
 Raw = tuple[bytes, bytes, list[tuple[str, bytes]]]
 
 
@@ -288,7 +291,10 @@ def worker_config(workdir: Path, suffix: str, raw_topic: str) -> tuple[Path, str
     return config, output
 
 
-def run_pipeline(bootstrap: str, raw_topic: str, count: int, workdir: Path) -> float:
+def run_pipeline(
+    bootstrap: str, raw_topic: str, count: int, workdir: Path, profile: Path | None = None
+) -> float:
+    """Events/s of the full worker; with `profile`, py-spy samples it meanwhile (raw stacks)."""
     suffix = uuid.uuid4().hex[:8]
     config, _ = worker_config(workdir, suffix, raw_topic)
     port = random.Random().randrange(20000, 30000)
@@ -302,6 +308,16 @@ def run_pipeline(bootstrap: str, raw_topic: str, count: int, workdir: Path) -> f
         },
         workdir / f"pipeline-{suffix}.log",
     )
+    profiler = None
+    if profile is not None:
+        profiler = subprocess.Popen(
+            [
+                *(str(PY_SPY), "record", "--pid", str(worker.pid), "--rate", "200", "--idle"),
+                *("--nonblocking", "--format", "raw", "--output", str(profile)),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     try:
 
         def handled() -> float:
@@ -318,6 +334,9 @@ def run_pipeline(bootstrap: str, raw_topic: str, count: int, workdir: Path) -> f
 
         return count / timed(handled, count + 1, 1800)
     finally:
+        if profiler is not None:
+            profiler.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
+            profiler.wait(60)
         stop(worker)
 
 
@@ -330,6 +349,7 @@ def run_floor(bootstrap: str, raw_topic: str, count: int, workdir: Path) -> floa
             "BENCH_TOPIC": raw_topic,
             "BENCH_APP_ID": f"floor-{uuid.uuid4().hex[:8]}",
             "BENCH_WEB_PORT": str(port),
+            "BENCH_DATA_DIR": str(workdir / "floor"),
         },
         workdir / "floor.log",
     )
@@ -411,6 +431,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=2000.0, help="offered load for latency")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency run length")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="sample the pipeline's worker with py-spy into this file and summarise it",
+    )
     args = parser.parse_args()
     bootstrap = bootstrap_servers()
     records = workload(args.deliveries, args.seed)
@@ -428,7 +453,7 @@ def main() -> int:
         print(f"ceiling   (bare aiokafka consume -> produce): {top:>10,.0f} events/s", flush=True)
         floor = run_floor(bootstrap, raw_topic, len(records), workdir)
         print(f"engine floor (Faust agent, no work):        {floor:>10,.0f} events/s", flush=True)
-        pipeline = run_pipeline(bootstrap, raw_topic, len(records), workdir)
+        pipeline = run_pipeline(bootstrap, raw_topic, len(records), workdir, args.profile)
         print(
             f"pipeline  (full worker):                    {pipeline:>10,.0f} events/s", flush=True
         )
@@ -440,6 +465,8 @@ def main() -> int:
             f"latency at {args.rate:,.0f}/s for {args.seconds:.0f} s: p50 {p50:.0f} ms, "
             f"p99 {p99:.0f} ms ({len(delays)} events)"
         )
+    if args.profile is not None and args.profile.exists():
+        print("\n".join(report(args.profile)))
     print(f"pipeline / engine floor: {pipeline / floor:.3f}")
     print(f"pipeline / ceiling: {pipeline / top:.3f}")
     return 0

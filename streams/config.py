@@ -214,6 +214,13 @@ class StreamConfig(_Strict):
     def _topic(cls, value: str) -> str:
         return check_topic_name(value)
 
+    def default_source(self, raw_topic: str) -> str | None:
+        """The source of records on `raw_topic` that carry no `source` header."""
+        for topic in self.raw_topics:
+            if topic.name == raw_topic:
+                return topic.default_source
+        return None
+
     @field_validator("raw_topics", mode="before")
     @classmethod
     def _raw_topics(cls, value: Any) -> Any:

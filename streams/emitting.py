@@ -23,17 +23,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import orjson
+
 from streams.config import Settings
-from streams.event import FileEvent
 from streams.ordering import Mark, mark_for, staleness
 from streams.records import (
+    KeyedEvent,
     OutRecord,
     RawRecord,
     dead_letter_record,
-    output_record,
-    parse_keyed_value,
+    keyed_output_record,
+    keyed_stale_record,
+    parse_keyed,
     partition_key,
-    stale_record,
 )
 
 SEEN = "seen"
@@ -76,7 +78,7 @@ def seen_key(instance: str, event_id: str) -> bytes:
     return f"{instance}/{event_id}".encode()
 
 
-def mark_key(instance: str, event: FileEvent) -> bytes:
+def mark_key(instance: str, event: KeyedEvent) -> bytes:
     """Ordering state is per object: (instance, bucket, key), like the repartition key."""
     return partition_key(instance, event.bucket, event.key)
 
@@ -113,7 +115,8 @@ def plan_batch(
     for item in inputs:
         instance_name = "?"
         try:
-            instance_name, event = parse_keyed_value(item.value)
+            event = parse_keyed(item.value, item.headers)
+            instance_name = event.instance
             instance = instances[instance_name]
         except (ValueError, KeyError) as exc:
             reason = f"unreadable keyed record: {exc}"
@@ -139,13 +142,13 @@ def plan_batch(
         stale_reason = staleness(event, last)
         if stale_reason is not None:
             plan.outputs.append(
-                stale_record(instance.stale_output_topic, instance.name, event, stale_reason)
+                keyed_stale_record(instance.stale_output_topic, event, stale_reason)
             )
             plan.outcomes[(instance.name, "stale")] += 1
             continue
         if not _version_only(event):
-            record(MARKS, item.partition, key_key, json.dumps(mark_for(event).to_json()).encode())
-        plan.outputs.append(output_record(instance.output_topic, instance.name, event))
+            record(MARKS, item.partition, key_key, _mark_bytes(mark_for(event)))
+        plan.outputs.append(keyed_output_record(instance.output_topic, event))
         plan.outcomes[(instance.name, "emitted")] += 1
         received_at = item.headers.get("received-at")
         if received_at:
@@ -158,11 +161,25 @@ def _read_mark(stored: bytes | None) -> Mark | None:
     if stored is None:
         return None
     try:
-        data = json.loads(stored)
+        data = _loads(stored)
         return Mark.from_json(data) if isinstance(data, dict) else None
     except (ValueError, TypeError):
         return None
 
 
-def _version_only(event: FileEvent) -> bool:
+def _mark_bytes(mark: Mark) -> bytes:
+    try:
+        return orjson.dumps(mark.to_json())
+    except TypeError:  # orjson stops at 64-bit integers; a GCS token may be longer
+        return json.dumps(mark.to_json()).encode()
+
+
+def _loads(stored: bytes) -> object:
+    try:
+        return orjson.loads(stored)
+    except orjson.JSONDecodeError:
+        return json.loads(stored)  # integers past 64 bits, which only json reads
+
+
+def _version_only(event: KeyedEvent) -> bool:
     return event.type == "deleted" and event.version_only is True

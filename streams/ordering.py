@@ -13,15 +13,31 @@ Two events that compare equal, or whose order is unknown (no token, no time), bo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
-
-from streams.event import FileEvent
+from typing import Any, Protocol
 
 SEQUENCER_WIDTH = 64
 TYPE_RANK = {"created": 0, "deleted": 1}
 AWS_SEQUENCED = frozenset({"s3", "eventbridge", "minio"})
+
+
+class Ordered(Protocol):
+    """What ordering reads of an event: a FileEvent, or stage two's KeyedEvent."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def provider(self) -> str: ...
+    @property
+    def sequencer(self) -> str | None: ...
+    @property
+    def time(self) -> datetime | None: ...
+    @property
+    def raw(self) -> Mapping[str, Any] | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +89,7 @@ def _int(value: Any) -> int | None:
     return None
 
 
-def order_token(event: FileEvent) -> tuple[str, tuple[Any, ...]] | None:
+def order_token(event: Ordered) -> tuple[str, tuple[Any, ...]] | None:
     """(kind, comparable token) for the event, or None when its provider has no token."""
     sequencer = event.sequencer
     if event.provider in AWS_SEQUENCED and sequencer:
@@ -95,7 +111,7 @@ def event_seconds(time: datetime | None) -> float | None:
     return time.timestamp() if time is not None else None
 
 
-def mark_for(event: FileEvent) -> Mark:
+def mark_for(event: Ordered) -> Mark:
     found = order_token(event)
     kind, token = found if found is not None else (None, None)
     return Mark(
@@ -103,7 +119,7 @@ def mark_for(event: FileEvent) -> Mark:
     )
 
 
-def staleness(event: FileEvent, last: Mark | None) -> str | None:
+def staleness(event: Ordered, last: Mark | None) -> str | None:
     """Why `event` is older than the last emitted event of its key, or None if it is not."""
     if last is None:
         return None

@@ -4,8 +4,10 @@
   headers `source`, optional `transport`, `delivery-id`, `received-at`,
   `header.<lower-case http header>`, `attribute.<pub/sub attribute>`; key free.
 * Keyed record (normalize -> repartition topic): key = `<instance>/<bucket>/<key>` so every copy
-  of one change and every change of one key land on one partition; value = JSON
-  `{"instance": ..., "event": {...}}`.
+  of one change and every change of one key land on one partition; value = the canonical
+  event as JSON, byte for byte what the output record will carry (stage two reads the few
+  fields it decides on and passes the bytes through); headers `instance`, `received-at`.
+  (Records of the first format, value `{"instance": ..., "event": {...}}`, are still read.)
 * Output record (-> `files.events.<instance>`): key = the caller-facing key, value = the
   canonical event as JSON, CloudEvents 1.0 binary-mode headers.
 * Stale record (-> `files.stale.<instance>`): the event, plus `stale.reason` headers.
@@ -18,15 +20,20 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Any, get_args
+
+import orjson
 
 from streams.delivery import Delivery
-from streams.event import FileEvent, format_time
+from streams.event import EventType, FileEvent, format_time
 
 Headers = tuple[tuple[str, bytes], ...]
 
 CE_SPECVERSION = "1.0"
+CE_SPECVERSION_BYTES = CE_SPECVERSION.encode()
 CE_TYPE_PREFIX = "storage.object."
+EVENT_TYPES = frozenset(get_args(EventType))
 HEADER_PREFIX = "header."
 ATTRIBUTE_PREFIX = "attribute."
 
@@ -82,54 +89,143 @@ def partition_key(instance: str, bucket: str | None, key: str) -> bytes:
     return f"{instance}/{bucket or ''}/{key}".encode()
 
 
+INSTANCE_HEADER = "instance"
+RECEIVED_AT_HEADER = "received-at"
+
+
 def keyed_record(
     topic: str, instance: str, event: FileEvent, received_at: bytes | None
 ) -> OutRecord:
-    value = json.dumps(
-        {"instance": instance, "event": event.model_dump(mode="json")},
-        ensure_ascii=False,
-        separators=(",", ":"),
-    ).encode()
-    headers: Headers = (("received-at", received_at),) if received_at else ()
-    return OutRecord(topic, partition_key(instance, event.bucket, event.key), value, headers)
+    headers: Headers = ((INSTANCE_HEADER, instance.encode()),)
+    if received_at:
+        headers += ((RECEIVED_AT_HEADER, received_at),)
+    return OutRecord(
+        topic, partition_key(instance, event.bucket, event.key), event_json(event), headers
+    )
 
 
-def parse_keyed_value(value: bytes) -> tuple[str, FileEvent]:
-    """Inverse of keyed_record's value. Raises ValueError on anything else."""
-    data = json.loads(value)
-    if not isinstance(data, dict) or not isinstance(data.get("instance"), str):
-        raise ValueError("keyed record has no instance")
-    return data["instance"], FileEvent.model_validate(data.get("event"))
+@dataclass(frozen=True, slots=True)
+class KeyedEvent:
+    """A keyed record read back by stage two: the fields dedupe, ordering and the output
+    headers need, and the event's JSON to pass through unchanged."""
+
+    instance: str
+    id: str
+    type: str
+    key: str
+    bucket: str | None
+    provider: str
+    sequencer: str | None
+    time: datetime | None
+    time_text: str | None
+    version_only: bool | None
+    raw: Mapping[str, Any] | None
+    value: bytes
+
+
+def parse_keyed(value: bytes, headers: Mapping[str, bytes]) -> KeyedEvent:
+    """Inverse of keyed_record. Raises ValueError on anything else.
+
+    Trusts the event JSON as stage one wrote it (no model validation per event) but checks
+    every field it uses, so a foreign record is dead-lettered rather than misread."""
+    data = orjson.loads(value)
+    instance_header = headers.get(INSTANCE_HEADER)
+    if instance_header is not None:
+        instance = instance_header.decode()
+    else:  # the first keyed format
+        if not isinstance(data, dict) or not isinstance(data.get("instance"), str):
+            raise ValueError("keyed record has no instance")
+        instance = data["instance"]
+        event = FileEvent.model_validate(data.get("event"))
+        data, value = event.model_dump(mode="json"), event_json(event)
+    if not isinstance(data, dict):
+        raise ValueError("keyed record is not a JSON object")
+    event_id, kind, key, provider = (data.get(name) for name in ("id", "type", "key", "provider"))
+    if not (isinstance(event_id, str) and isinstance(key, str) and isinstance(provider, str)):
+        raise ValueError("keyed event lacks a string id, key or provider")
+    if not isinstance(kind, str) or kind not in EVENT_TYPES:
+        raise ValueError(f"keyed event has type {kind!r}")
+    bucket, sequencer, time_text, version_only, raw = (
+        data.get(name) for name in ("bucket", "sequencer", "time", "version_only", "raw")
+    )
+    if not (bucket is None or isinstance(bucket, str)) or not (
+        sequencer is None or isinstance(sequencer, str)
+    ):
+        raise ValueError("keyed event's bucket or sequencer is not a string")
+    if not (version_only is None or isinstance(version_only, bool)):
+        raise ValueError("keyed event's version_only is not a boolean")
+    time: datetime | None = None
+    if time_text is not None:
+        if not isinstance(time_text, str):
+            raise ValueError("keyed event's time is not a string")
+        time = datetime.fromisoformat(time_text)
+        if time.tzinfo is None:
+            raise ValueError("keyed event's time has no timezone")
+    return KeyedEvent(
+        instance=instance,
+        id=event_id,
+        type=kind,
+        key=key,
+        bucket=bucket,
+        provider=provider,
+        sequencer=sequencer,
+        time=time,
+        time_text=time_text,
+        version_only=version_only,
+        raw=raw if isinstance(raw, dict) else None,
+        value=value,
+    )
 
 
 def event_json(event: FileEvent) -> bytes:
     return event.model_dump_json().encode()
 
 
-def cloudevent_headers(event: FileEvent, instance: str) -> Headers:
+def cloudevent_headers(
+    instance: str, event_id: str, kind: str, provider: str, key: str, time_text: str | None
+) -> Headers:
     """CloudEvents 1.0 Kafka protocol binding, binary mode."""
-    headers: list[tuple[str, bytes]] = [
-        ("ce_specversion", CE_SPECVERSION.encode()),
-        ("ce_id", event.id.encode()),
-        ("ce_type", f"{CE_TYPE_PREFIX}{event.type}".encode()),
-        ("ce_source", f"/storage-events/{instance}/{event.provider}".encode()),
-        ("ce_subject", event.key.encode()),
+    headers: Headers = (
+        ("ce_specversion", CE_SPECVERSION_BYTES),
+        ("ce_id", event_id.encode()),
+        ("ce_type", f"{CE_TYPE_PREFIX}{kind}".encode()),
+        ("ce_source", f"/storage-events/{instance}/{provider}".encode()),
+        ("ce_subject", key.encode()),
         ("content-type", b"application/json"),
-    ]
-    if event.time is not None:
-        headers.append(("ce_time", format_time(event.time).encode()))
-    return tuple(headers)
+    )
+    if time_text is not None:
+        headers += (("ce_time", time_text.encode()),)
+    return headers
 
 
-def output_record(topic: str, instance: str, event: FileEvent) -> OutRecord:
-    return OutRecord(
-        topic, event.key.encode(), event_json(event), cloudevent_headers(event, instance)
+def _event_headers(event: FileEvent, instance: str) -> Headers:
+    time_text = format_time(event.time) if event.time is not None else None
+    return cloudevent_headers(instance, event.id, event.type, event.provider, event.key, time_text)
+
+
+def _keyed_headers(event: KeyedEvent) -> Headers:
+    return cloudevent_headers(
+        event.instance, event.id, event.type, event.provider, event.key, event.time_text
     )
 
 
+def output_record(topic: str, instance: str, event: FileEvent) -> OutRecord:
+    return OutRecord(topic, event.key.encode(), event_json(event), _event_headers(event, instance))
+
+
 def stale_record(topic: str, instance: str, event: FileEvent, reason: str) -> OutRecord:
-    headers = (*cloudevent_headers(event, instance), ("stale.reason", reason.encode()))
+    headers = (*_event_headers(event, instance), ("stale.reason", reason.encode()))
     return OutRecord(topic, event.key.encode(), event_json(event), headers)
+
+
+def keyed_output_record(topic: str, event: KeyedEvent) -> OutRecord:
+    """The output record of a keyed event: its JSON as stage one wrote it."""
+    return OutRecord(topic, event.key.encode(), event.value, _keyed_headers(event))
+
+
+def keyed_stale_record(topic: str, event: KeyedEvent, reason: str) -> OutRecord:
+    headers = (*_keyed_headers(event), ("stale.reason", reason.encode()))
+    return OutRecord(topic, event.key.encode(), event.value, headers)
 
 
 def dead_letter_record(

@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from streams.config import Settings
+from streams.event import FileEvent
 from streams.normalizers import MalformedDelivery, normalize
 from streams.records import (
     OutRecord,
@@ -37,8 +38,7 @@ class Routed:
 
 def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
     """Normalize one raw record and fan it out to the instances that keep its events."""
-    defaults = {topic.name: topic.default_source for topic in settings.stream.raw_topics}
-    delivery = delivery_from_raw(record, defaults.get(record.topic))
+    delivery = delivery_from_raw(record, settings.stream.default_source(record.topic))
     routed = Routed()
     reason: str | None = None
     try:
@@ -50,14 +50,24 @@ def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
     except Exception as exc:  # a normalizer bug must not stop the stream on one delivery
         log.exception("normalizer %s failed on a delivery", delivery.source)
         reason = f"{delivery.source}: internal error {type(exc).__name__}: {exc}"
+    if reason is None:
+        try:
+            _fan_out(routed, events, record.headers.get("received-at"), settings)
+        except ValueError as exc:  # an event pydantic cannot serialise (a `raw` nested too deep)
+            routed = Routed()
+            reason = f"{delivery.source}: cannot serialise its event: {exc}"
     if reason is not None:
         routed.dead_letter_reason = reason
         routed.records.append(
             dead_letter_record(settings.stream.dead_letter_topic, record, key, reason, "normalize")
         )
-        return routed
+    return routed
+
+
+def _fan_out(
+    routed: Routed, events: list[FileEvent], received_at: bytes | None, settings: Settings
+) -> None:
     routed.events = len(events)
-    received_at = record.headers.get("received-at")
     for event in events:
         for instance in settings.instances:
             kept = apply_instance(event, instance)
@@ -69,4 +79,3 @@ def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
                         settings.stream.repartition_topic, instance.name, kept, received_at
                     )
                 )
-    return routed

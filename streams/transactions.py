@@ -1,19 +1,14 @@
-"""`processing_guarantee = "exactly_once"`: the emit stage's outputs and input offsets commit
-together, in one Kafka transaction per input partition.
+"""`processing_guarantee = "exactly_once"`: the emit stage's outputs, its state changelog and
+its input offsets commit together, in one Kafka transaction per input partition.
 
 One transactional producer per partition of the repartition topic, with a stable
 `transactional.id` (`<app id>-emit-<partition>`): a worker that takes a partition over
 fences any older producer of it, and aborts the transaction a killed worker left open. A
-batch's records of one partition (output, stale, dead-letter) and the consumer offset just
-past its last input are committed atomically, so after a crash a batch is either fully
-visible (and not read again) or not at all (and read again). Consumers of the output topics
-must read with `isolation.level=read_committed`.
-
-The state changelog is written after the commit, outside the transaction: Faust restores
-tables with `read_uncommitted`, so changelog records of an aborted transaction would come
-back on restore and mark as seen ids that were never emitted (a loss). Written after the
-commit, a crash in between can only forget ids (a later redelivery would be emitted again),
-never lose an event.
+batch's records of one partition (output, stale, dead-letter, changelog) and the consumer
+offset just past its last input are committed atomically, so after a crash a batch is either
+fully visible (and not read again) or not at all (and read again, against a state restored
+without it, since the state is restored `read_committed` from the changelog). Consumers of
+the output topics must read with `isolation.level=read_committed`.
 """
 
 from __future__ import annotations
@@ -27,8 +22,14 @@ from aiokafka.errors import KafkaError, ProducerFenced
 
 from streams import metrics
 from streams.records import OutRecord
-from streams.sending import MAX_BACKOFF_S
-from streams.topics import RAW_MAX_MESSAGE_BYTES
+from streams.sending import (
+    MAX_BACKOFF_S,
+    PRODUCER_SETTINGS,
+    Acknowledged,
+    acknowledged,
+    enqueue,
+    group_by_partition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +50,44 @@ class PartitionTransactions:
                 bootstrap_servers=self.bootstrap_servers,
                 client_id=f"{self.app_id}-emit-{partition}",
                 transactional_id=f"{self.app_id}-emit-{partition}",
-                acks="all",
-                enable_idempotence=True,
-                linger_ms=5,
-                max_batch_size=256 * 1024,
-                max_request_size=RAW_MAX_MESSAGE_BYTES,
+                **PRODUCER_SETTINGS,
             )
-            await producer.start()  # init_transactions: fences and aborts older ones
+            try:
+                await producer.start()  # init_transactions: fences and aborts older ones
+            except BaseException:
+                await producer.stop()
+                raise
             self._producers[partition] = producer
         return producer
 
+    async def prepare(self, partitions: set[int]) -> None:
+        """Own exactly these partitions: start (and so fence older) producers for them before
+        their state is restored, so no earlier owner's transaction is still open then."""
+        for partition in set(self._producers) - partitions:
+            await self._discard(partition)
+        for partition in sorted(partitions):
+            delay = 0.2
+            while True:
+                try:
+                    await self._producer(partition)
+                    break
+                except KafkaError as exc:
+                    log.warning(
+                        "transactional producer for partition %d cannot start (%r); "
+                        "retrying in %.1f s",
+                        partition,
+                        exc,
+                        delay,
+                    )
+                    await self._discard(partition)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, MAX_BACKOFF_S)
+
     async def commit(
         self, partition: int, records: Sequence[OutRecord], offsets: dict[TopicPartition, int]
-    ) -> None:
-        """Write `records` and commit `offsets` for the group in one transaction.
+    ) -> list[Acknowledged]:
+        """Write `records` and commit `offsets` for the group in one transaction; where the
+        records of each topic partition went.
 
         Retries while Kafka is unavailable; a fenced producer (another worker owns the
         partition now) is raised, since this worker must not go on writing for it.
@@ -72,19 +97,14 @@ class PartitionTransactions:
             try:
                 producer = await self._producer(partition)
                 async with producer.transaction():
-                    futures = [
-                        await producer.send(
-                            record.topic,
-                            record.value,
-                            key=record.key,
-                            partition=record.partition,
-                            headers=list(record.headers) or None,
-                        )
-                        for record in records
+                    groups = await group_by_partition(producer, records)
+                    queued = [
+                        (place, await enqueue(producer, *place, group))
+                        for place, group in groups.items()
                     ]
-                    await asyncio.gather(*futures)
+                    done = [await acknowledged(*place, batches) for place, batches in queued]
                     await producer.send_offsets_to_transaction(offsets, self.group_id)
-                return
+                return done
             except ProducerFenced:
                 raise
             except KafkaError as exc:

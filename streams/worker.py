@@ -1,11 +1,19 @@
-"""The Faust application (`faust -A streams worker`): two agents, two tables, one producer.
+"""The Faust application (`faust -A streams worker`): two batch stages, one state store.
 
-    raw topics --normalize_raw--> repartition topic (key = instance/key) --emit_keyed--> outputs
+    raw topics --normalize--> repartition topic (key = instance/bucket/key) --emit--> outputs
 
-`normalize_raw` parses each delivery, applies each instance's rules and repartitions by
-(instance, key); `emit_keyed` dedupes and orders per key with co-partitioned state and writes
-the output, stale and dead-letter topics. Both work on batches: a batch's records are sent
-together, and its offsets are acknowledged only after Kafka acknowledged all of them.
+`normalize` parses each delivery, applies each instance's rules and repartitions by
+(instance, bucket, key); `emit` dedupes and orders per key with co-partitioned state
+(streams.store) and writes the output, stale and dead-letter topics. Faust runs the process
+(start-up, signals, the web server for /metrics and /ready, the sweeper timer); the stages
+consume with their own aiokafka group members in batches (streams.consuming), because Faust's
+per-event stream machinery costs several times the work itself (BENCHMARKS.md).
+
+Guarantees: `normalize` commits its input offsets after Kafka acknowledged the batch's keyed
+and dead-letter records (at least once; a repeat is a duplicate the emit stage drops).
+`emit` with `exactly_once` (the default) commits each input partition's outputs, changelog
+records and offsets in one transaction (streams.transactions); with `at_least_once` it writes
+outputs, then the changelog, then commits.
 """
 
 from __future__ import annotations
@@ -16,25 +24,25 @@ import logging
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import faust
-from faust.tables.manager import TableManager
-from faust.types import TP, EventT
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streams import failpoints, metrics
-from streams.batching import acked_batches
 from streams.config import ConfigError, Settings, load_settings
-from streams.emitting import MARKS, SEEN, KeyedInput, plan_batch
+from streams.consuming import Batch, BatchLoop
+from streams.emitting import MARKS, SEEN, KeyedInput, decode_expiry, plan_batch
 from streams.records import RawRecord, header_text, headers_dict
 from streams.routing import route
 from streams.sending import RecordSender
-from streams.state import TableState
-from streams.topics import MARKS_TABLE, SEEN_TABLE, ensure_topics, topology
-from streams.transactions import PartitionTransactions, offsets_after
+from streams.store import StateStore
+from streams.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
+from streams.transactions import PartitionTransactions
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +60,7 @@ def _load() -> Settings:
 
 def _check_data_dir(path: Path) -> None:
     """The RocksDB state directory must be a writable directory. Say so in one line and
-    stop (exit 2) rather than failing deep inside Faust or RocksDB with a traceback."""
+    stop (exit 2) rather than failing deep inside RocksDB with a traceback."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write-test-{os.getpid()}"
@@ -71,211 +79,280 @@ settings = _load()
 _check_data_dir(settings.stream.data_dir)
 
 
-class StreamsApp(faust.App):
-    """A Faust app that creates its topics and starts its producer before consuming."""
+def _consumer(group_id: str, member: str) -> AIOKafkaConsumer:
+    stream = settings.stream
+    return AIOKafkaConsumer(
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        client_id=f"{stream.app_id}-{member}",
+        group_id=group_id,
+        group_instance_id=(
+            f"{stream.group_instance_id}-{member}" if stream.group_instance_id else None
+        ),
+        session_timeout_ms=int(stream.session_timeout_s * 1000),
+        heartbeat_interval_ms=int(stream.session_timeout_s * 1000 / 5),
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        max_partition_fetch_bytes=4 * 1024 * 1024,
+    )
 
-    sender: RecordSender
-    transactions: PartitionTransactions | None = None
+
+class Pipeline:
+    """The two stages, their producers and the state store of one worker."""
+
+    def __init__(self) -> None:
+        stream = settings.stream
+        self.normalize_group = f"{stream.app_id}-normalize"
+        self.emit_group = f"{stream.app_id}-emit"
+        self.sender = RecordSender(settings.kafka.bootstrap_servers, f"{stream.app_id}-sender")
+        self.transactions = (
+            PartitionTransactions(settings.kafka.bootstrap_servers, stream.app_id, self.emit_group)
+            if stream.processing_guarantee == "exactly_once"
+            else None
+        )
+        self.store = StateStore(
+            stream.data_dir / f"{stream.app_id}-state",
+            {
+                SEEN: changelog_topic(settings, SEEN_TABLE),
+                MARKS: changelog_topic(settings, MARKS_TABLE),
+            },
+        )
+        within_ms = int(stream.batch_within_s * 1000)
+        self.normalize = BatchLoop(
+            "normalize",
+            _consumer(self.normalize_group, "normalize"),
+            [topic.name for topic in stream.raw_topics],
+            self.handle_raw_batch,
+            commits_offsets=True,
+            max_records=stream.batch_size,
+            within_ms=within_ms,
+        )
+        self.emit = BatchLoop(
+            "emit",
+            _consumer(self.emit_group, "emit"),
+            [stream.repartition_topic],
+            self.handle_keyed_batch,
+            commits_offsets=self.transactions is None,
+            max_records=stream.batch_size,
+            within_ms=within_ms,
+            on_assigned=self.restore,
+        )
+
+    @property
+    def ready(self) -> bool:
+        return self.normalize.ready and self.emit.ready
+
+    async def start(self) -> None:
+        await self.sender.start()
+        for loop in (self.normalize, self.emit):
+            await _start_consumer(loop.consumer)
+
+    async def stop(self) -> None:
+        for loop in (self.normalize, self.emit):
+            await loop.consumer.stop()
+        if self.transactions is not None:
+            await self.transactions.stop()
+        await self.sender.stop()
+        self.store.close()
+
+    async def restore(self, assigned: set[TopicPartition]) -> None:
+        """Before the emit stage handles a partition: fence its earlier owner (exactly_once),
+        then bring its state up to the end of the changelog."""
+        partitions = {tp.partition for tp in assigned}
+        if self.transactions is not None:
+            await self.transactions.prepare(partitions)
+        restored = await self.store.restore(
+            settings.kafka.bootstrap_servers, partitions, {SEEN: decode_expiry}
+        )
+        log.info(
+            "state of %d partitions restored: %d changelog records in %.2f s",
+            restored.partitions,
+            restored.records,
+            restored.seconds,
+        )
+
+    async def handle_raw_batch(self, batch: Batch) -> None:
+        """Normalize and repartition one batch of raw deliveries."""
+        records = []
+        received: Counter[str] = Counter()
+        normalized: Counter[str] = Counter()
+        filtered: Counter[tuple[str, str]] = Counter()
+        for tp, messages in batch.items():
+            default_source = settings.stream.default_source(tp.topic)
+            for message in messages:
+                raw = RawRecord(tp.topic, message.value or b"", headers_dict(message.headers))
+                routed = route(raw, message.key, settings)
+                source = header_text(raw.headers, "source") or default_source or "?"
+                received[source] += 1
+                normalized[source] += routed.events
+                filtered.update(routed.filtered)
+                if routed.dead_letter_reason is not None:
+                    metrics.DEAD_LETTERED.labels("normalize").inc()
+                    log.warning(
+                        "dead-lettered a delivery from %s[%d]@%d: %s",
+                        tp.topic,
+                        tp.partition,
+                        message.offset,
+                        routed.dead_letter_reason,
+                    )
+                records.extend(routed.records)
+        for source, count in received.items():
+            metrics.RECEIVED.labels(source).inc(count)
+            metrics.NORMALIZED.labels(source).inc(normalized[source])
+        for (instance, reason), count in filtered.items():
+            metrics.FILTERED.labels(instance, reason).inc(count)
+        await self.sender.send_all(records)
+
+    async def handle_keyed_batch(self, batch: Batch) -> None:
+        """Dedupe, order and emit one batch of keyed events, per input partition."""
+        now = time.time()
+        await asyncio.gather(
+            *(
+                self._emit(
+                    [
+                        KeyedInput(
+                            tp.topic,
+                            tp.partition,
+                            message.key,
+                            message.value or b"",
+                            headers_dict(message.headers),
+                            message.offset,
+                        )
+                        for message in messages
+                    ],
+                    tp,
+                    now,
+                )
+                for tp, messages in batch.items()
+                if messages
+            )
+        )
+
+    async def _emit(self, inputs: Sequence[KeyedInput], tp: TopicPartition, now: float) -> None:
+        """Plan, then write outputs and changelog (in one transaction for exactly_once), then
+        the local state."""
+        plan = plan_batch(inputs, settings, self.store, now)
+        changelog_records = self.store.changelog_records(plan.writes)
+        if self.transactions is not None:
+            offsets = {tp: inputs[-1].offset + 1}
+            written = await self.transactions.commit(
+                tp.partition, [*plan.outputs, *changelog_records], offsets
+            )
+            failpoints.reached("after-output")
+        else:
+            await self.sender.send_all(plan.outputs)
+            failpoints.reached("after-output")
+            written = await self.sender.send_all(changelog_records)
+        acknowledged_at = time.time()
+        self.store.apply(plan.writes, written)
+        for (instance, outcome), count in plan.outcomes.items():
+            if outcome == "dead_letter":
+                metrics.DEAD_LETTERED.labels("emit").inc(count)
+            else:
+                metrics.OUTCOME_COUNTERS[outcome].labels(instance).inc(count)
+        for instance, received_at in plan.received_at:
+            with contextlib.suppress(ValueError):  # a bridge's unreadable received-at header
+                metrics.LATENCY.labels(instance).observe(acknowledged_at - float(received_at))
+
+    async def sweep(self, now: float) -> None:
+        """Forget dedupe entries past their TTL, locally and (by tombstones) in the changelog."""
+        writes: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
+        for partition in self.store.partitions():
+            expired = list(self.store.expired(SEEN, partition, now, SWEEP_LIMIT, decode_expiry))
+            if expired:
+                writes[(SEEN, partition)] = dict.fromkeys(expired)
+        if not writes:
+            return
+        written = await self.sender.send_all(self.store.changelog_records(writes))
+        self.store.apply(writes, written)
+        metrics.EXPIRED.inc(sum(len(keys) for keys in writes.values()))
+
+
+async def _start_consumer(consumer: AIOKafkaConsumer) -> None:
+    delay = 0.5
+    while True:
+        try:
+            await consumer.start()
+            return
+        except Exception as exc:  # aiokafka raises several kinds while Kafka is away
+            log.warning("consumer cannot reach Kafka (%r); retrying in %.1f s", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class StreamsApp(faust.App):
+    """A Faust app that creates the stream's topics before anything else starts."""
 
     async def on_first_start(self) -> None:
+        # Retries (and says so) while Kafka is unreachable: a worker started before its
+        # broker waits for it.
         created = await ensure_topics(settings.kafka.bootstrap_servers, topology(settings))
         if created:
             log.info("created topics: %s", ", ".join(created))
-        self.sender = RecordSender(settings.kafka.bootstrap_servers, f"{self.conf.id}-sender")
-        await self.sender.start()
-        if settings.stream.processing_guarantee == "exactly_once":
-            self.transactions = PartitionTransactions(
-                settings.kafka.bootstrap_servers, self.conf.id, group_id=self.conf.id
-            )
         await super().on_first_start()
-
-    async def on_shutdown(self) -> None:
-        await super().on_shutdown()
-        if self.transactions is not None:
-            await self.transactions.stop()
-        sender = getattr(self, "sender", None)
-        if sender is not None:
-            await sender.stop()
 
 
 app = StreamsApp(
     settings.stream.app_id,
     broker=[f"kafka://{host.strip()}" for host in settings.kafka.bootstrap_servers.split(",")],
-    store="rocksdb://",  # faust-streaming backs this with rocksdict when installed
     datadir=str(settings.stream.data_dir),
     web_port=settings.stream.web_port,
     web_host="0.0.0.0",
-    topic_partitions=settings.stream.partitions,
-    topic_replication_factor=settings.stream.replication_factor,
-    # Faust's own guarantee stays at_least_once: the emit stage does its own transactions
-    # (streams.transactions) when the stream's processing_guarantee is exactly_once.
-    processing_guarantee="at_least_once",
-    producer_acks=-1,
     consumer_auto_offset_reset="earliest",
-    table_standby_replicas=0,
+    # Faust's own consumer reads nothing, but the worker starts the stages only once it has
+    # joined its group: static membership and a short session let a restarted worker rejoin
+    # at once instead of waiting out its previous life's session.
     consumer_group_instance_id=settings.stream.group_instance_id,
     broker_session_timeout=settings.stream.session_timeout_s,
     broker_heartbeat_interval=settings.stream.session_timeout_s / 5,
 )
-
-raw_channel = app.topic(
-    *[topic.name for topic in settings.stream.raw_topics],
-    key_type=bytes,
-    value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
-)
-keyed_channel = app.topic(
-    settings.stream.repartition_topic,
-    key_type=bytes,
-    value_type=bytes,
-    key_serializer="raw",
-    value_serializer="raw",
-)
-tables = {
-    # bytes in, bytes out: the changelog carries the stream's own encodings (streams.emitting).
-    SEEN: app.Table(
-        SEEN_TABLE, partitions=settings.stream.partitions, key_type=bytes, value_type=bytes
-    ),
-    MARKS: app.Table(
-        MARKS_TABLE, partitions=settings.stream.partitions, key_type=bytes, value_type=bytes
-    ),
-}
-state = TableState(tables)
-# The sweeper and the emit agent both write the dedupe table; one at a time, so a sweep can
-# never delete an entry a batch has just recorded again.
-state_lock = asyncio.Lock()
+running: Pipeline | None = None
+"""The worker's pipeline once started (aiokafka clients are made inside the event loop)."""
 
 
-def _raw_record(event: EventT[Any]) -> RawRecord:
-    message = event.message
-    return RawRecord(message.topic, message.value or b"", headers_dict(message.headers))
+@app.service
+class PipelineService(faust.Service):
+    """Runs the two stages as long as the worker runs; a stage failing stops the worker."""
 
+    async def on_start(self) -> None:
+        global running
+        running = Pipeline()
+        await running.start()
+        self._stages = [
+            asyncio.ensure_future(self._run(loop)) for loop in (running.normalize, running.emit)
+        ]
 
-async def handle_raw_batch(events: Sequence[EventT[Any]]) -> None:
-    """Normalize and repartition one batch of raw deliveries."""
-    records = []
-    for event in events:
-        raw = _raw_record(event)
-        routed = route(raw, event.message.key, settings)
-        source = header_text(raw.headers, "source") or "?"
-        metrics.RECEIVED.labels(source).inc()
-        metrics.NORMALIZED.labels(source).inc(routed.events)
-        for (instance, reason), count in routed.filtered.items():
-            metrics.FILTERED.labels(instance, reason).inc(count)
-        if routed.dead_letter_reason is not None:
-            metrics.DEAD_LETTERED.labels("normalize").inc()
-            log.warning(
-                "dead-lettered a delivery from %s[%d]@%d: %s",
-                raw.topic,
-                event.message.partition,
-                event.message.offset,
-                routed.dead_letter_reason,
-            )
-        records.extend(routed.records)
-    await app.sender.send_all(records)
+    async def on_stop(self) -> None:
+        # Stop the stages first (a batch in hand is abandoned uncommitted, so it is read
+        # again), then their clients.
+        stages = getattr(self, "_stages", [])
+        for stage in stages:
+            stage.cancel()
+        await asyncio.gather(*stages, return_exceptions=True)
+        if running is not None:
+            await running.stop()
 
-
-async def handle_keyed_batch(events: Sequence[EventT[Any]]) -> None:
-    """Dedupe, order and emit one batch of keyed events, then record their state."""
-    inputs = [
-        KeyedInput(
-            event.message.topic,
-            event.message.partition,
-            event.message.key,
-            event.message.value or b"",
-            headers_dict(event.message.headers),
-            event.message.offset,
-        )
-        for event in events
-    ]
-    if app.transactions is None:
-        await _emit(inputs, None)
-        return
-    by_partition: dict[int, list[KeyedInput]] = {}
-    for item in inputs:
-        by_partition.setdefault(item.partition, []).append(item)
-    for partition, items in by_partition.items():
-        await _emit(items, partition)
-
-
-async def _emit(inputs: Sequence[KeyedInput], transaction_partition: int | None) -> None:
-    """Plan, then write the outputs (in a transaction for exactly_once), then the state."""
-    async with state_lock:
-        plan = plan_batch(inputs, settings, state, time.time())
-        if transaction_partition is None or app.transactions is None:
-            await app.sender.send_all(plan.outputs)
-        else:
-            last = max(item.offset for item in inputs)
-            await app.transactions.commit(
-                transaction_partition,
-                plan.outputs,
-                offsets_after(inputs[0].topic, transaction_partition, last),
-            )
-        failpoints.reached("after-output")
-        acknowledged_at = time.time()
-        changelog = state.changelog_records(plan.writes)
-        sent = await app.sender.send_all(changelog)
-        state.apply_local(plan.writes)
-        for record, metadata in zip(changelog, sent, strict=True):
-            table = SEEN if record.topic == state.changelog_topic(SEEN) else MARKS
-            state.remember_offset(table, metadata.partition, metadata.offset)
-    for (instance, outcome), count in plan.outcomes.items():
-        if outcome == "dead_letter":
-            metrics.DEAD_LETTERED.labels("emit").inc(count)
-        else:
-            metrics.OUTCOME_COUNTERS[outcome].labels(instance).inc(count)
-    for instance, received_at in plan.received_at:
-        with contextlib.suppress(ValueError):  # a bridge's unreadable received-at header
-            metrics.LATENCY.labels(instance).observe(acknowledged_at - float(received_at))
-
-
-async def _run_batches(stream: Any, handler: Any, name: str) -> None:
-    try:
-        async for batch in acked_batches(
-            stream, settings.stream.batch_size, settings.stream.batch_within_s
-        ):
-            await handler(batch)
-    except Exception as exc:
-        # A handler never raises for bad input (that is dead-lettered) nor for Kafka being
-        # away (that is retried): this is a bug. Stop the worker rather than stall silently.
-        log.exception("%s failed; stopping the worker", name)
-        await app.crash(exc)
-        raise
-
-
-@app.agent(raw_channel)
-async def normalize_raw(stream: Any) -> None:
-    await _run_batches(stream, handle_raw_batch, "normalize_raw")
-
-
-@app.agent(keyed_channel)
-async def emit_keyed(stream: Any) -> None:
-    await _run_batches(stream, handle_keyed_batch, "emit_keyed")
+    async def _run(self, loop: BatchLoop) -> None:
+        try:
+            await loop.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A handler never raises for bad input (that is dead-lettered) nor for Kafka being
+            # away (that is retried): this is a bug. Stop the worker rather than stall silently.
+            log.exception("the %s stage failed; stopping the worker", loop.name)
+            await app.crash(exc)
+            raise
 
 
 @app.timer(interval=settings.stream.dedupe_sweep_interval_s)  # type: ignore[untyped-decorator]
 async def sweep_expired_ids() -> None:
-    """Forget dedupe entries past their TTL, locally and (by tombstones) in the changelog."""
-    async with state_lock:
-        await _sweep(time.time())
-
-
-async def _sweep(now: float) -> None:
-    topic = state.changelog_topic(SEEN)
-    actives = app.assignor.assigned_actives()
-    writes: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
-    for partition in state.partitions(SEEN):
-        if TP(topic, partition) not in actives:
-            continue
-        expired = list(state.expired(SEEN, partition, now, SWEEP_LIMIT))
-        if expired:
-            writes[(SEEN, partition)] = dict.fromkeys(expired)
-    if not writes:
+    if running is None:
         return
-    await app.sender.send_all(state.changelog_records(writes))
-    state.apply_local(writes)
-    metrics.EXPIRED.inc(sum(len(keys) for keys in writes.values()))
+    # One at a time with the emit stage, so a sweep never deletes an id a batch just recorded.
+    async with running.emit.lock:
+        if running.emit.ready:
+            await running.sweep(time.time())
 
 
 @app.page("/metrics")
@@ -285,7 +362,7 @@ async def metrics_page(web: Any, request: Any) -> Any:
 
 @app.page("/ready")
 async def ready_page(web: Any, request: Any) -> Any:
-    """200 once the tables are recovered and the agents run; 503 before."""
-    recovered = cast(TableManager, app.tables).recovery.completed.is_set()
-    body = {"ready": recovered, "tables_recovered": recovered}
-    return web.json(body, status=200 if recovered else 503)
+    """200 once both stages have their partitions and the state is restored; 503 before."""
+    ready = running is not None and running.ready
+    body = {"ready": ready, "tables_recovered": running is not None and running.emit.ready}
+    return web.json(body, status=200 if ready else 503)

@@ -26,7 +26,7 @@ def stored_keys(data_dir: Path, table: str) -> set[bytes]:
             str(path), options=options, access_type=rocksdict.AccessType.read_only()
         )
         try:
-            keys.update(key for key in db.keys() if not key.startswith(b"__faust"))  # noqa: SIM118
+            keys.update(key for key in db.keys() if not key.startswith(b"\x00"))  # noqa: SIM118
         finally:
             db.close()
     return keys

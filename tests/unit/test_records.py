@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 
@@ -12,9 +13,13 @@ from streams.records import (
     dead_letter_record,
     delivery_from_raw,
     headers_dict,
+    keyed_output_record,
     keyed_record,
-    parse_keyed_value,
+    keyed_stale_record,
+    output_record,
+    parse_keyed,
     partition_key,
+    stale_record,
 )
 
 
@@ -79,16 +84,69 @@ def test_keyed_record_round_trip() -> None:
         "tenant-a//a b/\u00e9.txt".encode(),
     )  # no bucket
     assert record.key == partition_key("tenant-a", event.bucket, event.key)
-    assert record.headers == (("received-at", b"17"),)
+    assert record.headers == (("instance", b"tenant-a"), ("received-at", b"17"))
+    # The value is the output's bytes already: stage two passes it through.
+    assert record.value == output_record("out", "tenant-a", event).value
+    keyed = parse_keyed(record.value, dict(record.headers))
+    assert (keyed.instance, keyed.id, keyed.type, keyed.key, keyed.provider) == (
+        "tenant-a",
+        "x:1",
+        "created",
+        "a b/\u00e9.txt",
+        "s3",
+    )
+    assert keyed.raw == {"n": 1}
+    assert keyed.value == record.value
+
+
+def test_keyed_output_headers_match_those_of_the_event() -> None:
+    event = FileEvent(
+        id="x:1",
+        type="deleted",
+        key="k",
+        provider="gcs",
+        time=datetime(2026, 11, 30, 1, 2, 3, 450000, tzinfo=UTC),
+    )
+    record = keyed_record("by-key", "a", event, None)
     assert record.value is not None
-    assert json.loads(record.value)["instance"] == "tenant-a"
-    assert parse_keyed_value(record.value) == ("tenant-a", event)
+    keyed = parse_keyed(record.value, dict(record.headers))
+    assert keyed.time == event.time
+    assert keyed_output_record("out", keyed) == output_record("out", "a", event)
+    assert keyed_stale_record("late", keyed, "older") == stale_record("late", "a", event, "older")
 
 
-@pytest.mark.parametrize("value", [b"null", b"[]", b'{"instance": null}', b"x"])
-def test_parse_keyed_value_raises_value_error(value: bytes) -> None:
+def test_the_first_keyed_format_is_still_read() -> None:
+    event = FileEvent(id="x:1", type="created", key="k", provider="s3", size=3)
+    value = json.dumps({"instance": "a", "event": event.model_dump(mode="json")}).encode()
+    keyed = parse_keyed(value, {"received-at": b"17"})
+    assert (keyed.instance, keyed.id, keyed.key) == ("a", "x:1", "k")
+    assert keyed.value == output_record("out", "a", event).value
+
+
+@pytest.mark.parametrize(
+    ("value", "headers"),
+    [
+        (b"null", {}),
+        (b"[]", {}),
+        (b'{"instance": null}', {}),
+        (b"x", {}),
+        (b"[]", {"instance": b"a"}),
+        (b'{"id": "1", "key": "k", "provider": "s3"}', {"instance": b"a"}),
+        (b'{"id": "1", "type": "moved", "key": "k", "provider": "s3"}', {"instance": b"a"}),
+        (b'{"id": 1, "type": "created", "key": "k", "provider": "s3"}', {"instance": b"a"}),
+        (
+            b'{"id": "1", "type": "created", "key": "k", "provider": "s3", "time": "2026-11-30"}',
+            {"instance": b"a"},
+        ),
+        (
+            b'{"id": "1", "type": "created", "key": "k", "provider": "s3", "time": "yesterday"}',
+            {"instance": b"a"},
+        ),
+    ],
+)
+def test_parse_keyed_raises_value_error(value: bytes, headers: dict[str, bytes]) -> None:
     with pytest.raises(ValueError):
-        parse_keyed_value(value)
+        parse_keyed(value, headers)
 
 
 def test_dead_letter_record_keeps_bytes_and_headers_and_bounds_the_error() -> None:

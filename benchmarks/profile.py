@@ -1,0 +1,75 @@
+"""Where a worker's time goes, from a py-spy profile (`make bench` writes one with `--profile`).
+
+    python -m benchmarks.profile PROFILE.txt
+
+Reads py-spy's `raw` output (collapsed stacks: `frame;frame;...;leaf count`, one per line)
+and attributes every sample to one part of the pipeline: walking from the innermost frame
+outwards, the first frame that names a part decides. Prints the share of each part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+# (part, substrings of a frame that belong to it), innermost match wins; order breaks ties
+# within one frame only.
+PARTS: list[tuple[str, tuple[str, ...]]] = [
+    ("idle: event loop waiting for I/O", ("select (selectors.py", "poll (selectors.py")),
+    ("normalize (normalizers, pure)", ("streams/normalizers/",)),
+    ("rules + routing", ("streams/rules.py", "streams/routing.py")),
+    ("keyed record out (event JSON)", ("keyed_record (streams/records.py", "event_json")),
+    ("keyed record in (parse)", ("parse_keyed (streams/records.py",)),
+    ("ordering", ("streams/ordering.py",)),
+    ("RocksDB state", ("streams/store.py",)),
+    ("dedupe/order plan", ("streams/emitting.py",)),
+    ("records: headers, dead letters", ("streams/records.py",)),
+    ("produce (aiokafka producer, batching)", ("aiokafka/producer/", "streams/sending.py")),
+    ("transactions", ("streams/transactions.py",)),
+    ("consume (aiokafka fetch, decode)", ("aiokafka/consumer/", "aiokafka/record/")),
+    ("Kafka network (aiokafka conn)", ("aiokafka/conn.py", "aiokafka/client.py")),
+    ("metrics (prometheus_client)", ("prometheus_client/",)),
+    ("stage loops", ("streams/consuming.py", "streams/worker.py")),
+    ("Faust/mode runtime", ("/faust/", "/mode/")),
+    ("asyncio runtime", ("asyncio/",)),
+]
+
+
+def part_of(stack: list[str]) -> str:
+    for frame in reversed(stack):
+        for part, needles in PARTS:
+            if any(needle in frame for needle in needles):
+                return part
+    return "other"
+
+
+def summarise(path: Path) -> list[tuple[str, int]]:
+    samples: Counter[str] = Counter()
+    for line in path.read_text(errors="replace").splitlines():
+        stack_text, _, count = line.rpartition(" ")
+        if not stack_text or not count.isdigit():
+            continue
+        samples[part_of(stack_text.split(";"))] += int(count)
+    return samples.most_common()
+
+
+def report(path: Path) -> list[str]:
+    parts = summarise(path)
+    total = sum(count for _, count in parts) or 1
+    lines = [f"profile {path.name}: {total:,} samples of the worker's main thread"]
+    lines += [f"  {count / total:6.1%}  {part}" for part, count in parts]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("profile", type=Path)
+    args = parser.parse_args(argv)
+    print("\n".join(report(args.profile)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,224 @@
+"""The stream's state: RocksDB databases per table and partition, each backed by a changelog.
+
+Two tables, co-partitioned with the repartition topic: `seen` (dedupe ids -> absolute
+expiry) and `marks` (object key -> the ordering mark of the newest event emitted). Each table
+and partition is one RocksDB database (rocksdict, raw bytes) under
+`<data_dir>/<app_id>-state/<table>-<partition>.db`, and one partition of the table's changelog
+topic `<app_id>-<table>-changelog`.
+
+Writes come per batch: once Kafka acknowledged a batch's changelog records (with its outputs,
+in one transaction for exactly_once), its changes go into the database as one write batch,
+together with the changelog offset they reach (`OFFSET_KEY`). On assignment, `restore` reads
+each changelog partition from that offset to its end, `read_committed`, so a database that is
+missing, behind or brand new ends up as the changelog says, and a transaction that was
+aborted (a crashed batch) never comes back as state.
+
+Bounded state: every dedupe entry carries its absolute expiry. `expired` finds entries past
+it; the worker deletes them locally and writes tombstones to the changelog, whose
+`compact,delete` policy with a retention of the longest TTL bounds the topic even if a sweep
+never ran. A restore skips entries already expired, so it can neither bring back nor renew one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import rocksdict
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from streams.records import OutRecord
+from streams.sending import Acknowledged
+
+log = logging.getLogger(__name__)
+
+OFFSET_KEY = b"\x00changelog-offset"
+"""Holds the last changelog offset a database contains; no state key starts with NUL."""
+RESTORE_BATCH = 10_000
+
+ExpiryReader = Callable[[bytes], float | None]
+"""Reads the absolute expiry (epoch seconds) out of a stored value; None if it has none."""
+Writes = Mapping[tuple[str, int], Mapping[bytes, bytes | None]]
+"""(table, partition) -> key -> value, or None to delete."""
+
+
+def _open(path: Path) -> rocksdict.Rdict:
+    options = rocksdict.Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.set_compression_type(rocksdict.DBCompressionType.lz4())
+    return rocksdict.Rdict(str(path), options=options)
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What one restore read."""
+
+    partitions: int
+    records: int
+    seconds: float
+
+
+class StateStore:
+    """The local databases of the tables, for the partitions this worker owns."""
+
+    def __init__(self, directory: Path, changelogs: Mapping[str, str]) -> None:
+        self.directory = directory
+        self._changelogs = dict(changelogs)
+        self._tables_by_changelog = {topic: table for table, topic in self._changelogs.items()}
+        self._dbs: dict[tuple[str, int], rocksdict.Rdict] = {}
+
+    @property
+    def tables(self) -> list[str]:
+        return list(self._changelogs)
+
+    def changelog_topic(self, table: str) -> str:
+        return self._changelogs[table]
+
+    def partitions(self) -> list[int]:
+        return sorted({partition for _, partition in self._dbs})
+
+    def open(self, partitions: Iterable[int]) -> None:
+        """Open the databases of `partitions` (creating missing ones); close all others."""
+        wanted = {(table, partition) for table in self._changelogs for partition in partitions}
+        for place in set(self._dbs) - wanted:
+            db = self._dbs.pop(place)
+            db.flush()  # leaves nothing to replay from the write-ahead log at the next open
+            db.close()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for table, partition in sorted(wanted - set(self._dbs)):
+            self._dbs[(table, partition)] = _open(self.directory / f"{table}-{partition}.db")
+
+    def close(self) -> None:
+        self.open(())
+
+    def get(self, table: str, partition: int, key: bytes) -> bytes | None:
+        value: bytes | None = self._dbs[(table, partition)].get(key)
+        return value
+
+    def changelog_offset(self, table: str, partition: int) -> int | None:
+        stored = self._dbs[(table, partition)].get(OFFSET_KEY)
+        return int(stored) if stored is not None else None
+
+    def changelog_records(self, writes: Writes) -> list[OutRecord]:
+        return [
+            OutRecord(self._changelogs[table], key, value, partition=partition)
+            for (table, partition), items in writes.items()
+            for key, value in items.items()
+        ]
+
+    def apply(self, writes: Writes, changelog: Sequence[Acknowledged] = ()) -> None:
+        """Write `writes` locally, one write batch per database, each with the changelog
+        offset its records reached (from `changelog`, what Kafka acknowledged)."""
+        reached = {
+            (self._tables_by_changelog[ack.topic], ack.partition): ack.last_offset
+            for ack in changelog
+            if ack.topic in self._tables_by_changelog and ack.count
+        }
+        for place in set(writes) | set(reached):
+            batch = rocksdict.WriteBatch(raw_mode=True)
+            for key, value in writes.get(place, {}).items():
+                if value is None:
+                    batch.delete(key)
+                else:
+                    batch.put(key, value)
+            if place in reached:
+                batch.put(OFFSET_KEY, str(reached[place]).encode())
+            self._dbs[place].write(batch)
+
+    def expired(
+        self, table: str, partition: int, now: float, limit: int, expiry_of: ExpiryReader
+    ) -> Iterator[bytes]:
+        """Up to `limit` keys of `table` in `partition` whose expiry has passed."""
+        db = self._dbs.get((table, partition))
+        if db is None:
+            return
+        found = 0
+        for key, value in db.items():
+            if not isinstance(key, bytes) or key == OFFSET_KEY:
+                continue
+            expires_at = expiry_of(value)
+            if expires_at is not None and expires_at <= now:
+                yield key
+                found += 1
+                if found >= limit:
+                    return
+
+    async def restore(
+        self,
+        bootstrap_servers: str,
+        partitions: Iterable[int],
+        expiry_of: Mapping[str, ExpiryReader],
+    ) -> Restored:
+        """Bring the databases of `partitions` up to the end of their changelogs.
+
+        `expiry_of` names the tables whose values carry an expiry; entries already past it
+        are deleted rather than restored."""
+        started = time.monotonic()
+        partitions = sorted(partitions)
+        self.open(partitions)
+        places = {
+            TopicPartition(self._changelogs[table], partition): (table, partition)
+            for table in self._changelogs
+            for partition in partitions
+        }
+        if not places:
+            return Restored(0, 0, 0.0)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap_servers,
+            client_id="storage-events-restore",
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",  # the stored offset may be past retention
+            max_partition_fetch_bytes=8 * 1024 * 1024,
+            fetch_max_bytes=32 * 1024 * 1024,
+        )
+        await consumer.start()
+        total = 0
+        try:
+            consumer.assign(list(places))
+            ends = await consumer.end_offsets(list(places))
+            remaining: dict[TopicPartition, int] = {}
+            for tp, (table, partition) in places.items():
+                stored = self.changelog_offset(table, partition)
+                start = stored + 1 if stored is not None else 0
+                if start >= ends[tp]:
+                    continue
+                if stored is None:
+                    await consumer.seek_to_beginning(tp)
+                else:
+                    consumer.seek(tp, start)
+                remaining[tp] = ends[tp]
+            consumer.pause(*(tp for tp in places if tp not in remaining))
+            now = time.time()
+            while remaining:
+                fetched = await consumer.getmany(
+                    *remaining, timeout_ms=1000, max_records=RESTORE_BATCH
+                )
+                for tp, records in fetched.items():
+                    table, partition = places[tp]
+                    reader = expiry_of.get(table)
+                    items: dict[bytes, bytes | None] = {}
+                    for record in records:
+                        if record.key is None:
+                            continue
+                        value = record.value
+                        if value is not None and reader is not None:
+                            expires_at = reader(value)
+                            if expires_at is not None and expires_at <= now:
+                                value = None
+                        items[record.key] = value
+                    total += len(records)
+                    self.apply(
+                        {(table, partition): items},
+                        [Acknowledged(tp.topic, tp.partition, records[-1].offset, 1)],
+                    )
+                for tp in list(remaining):
+                    if await consumer.position(tp) >= remaining[tp]:
+                        del remaining[tp]
+        finally:
+            await consumer.stop()
+        return Restored(len(partitions), total, time.monotonic() - started)
