@@ -308,21 +308,28 @@ def run_pipeline(
         },
         workdir / f"pipeline-{suffix}.log",
     )
-    profiler = None
-    if profile is not None:
-        profiler = subprocess.Popen(
-            [
-                *(str(PY_SPY), "record", "--pid", str(worker.pid), "--rate", "200", "--idle"),
-                *("--nonblocking", "--format", "raw", "--output", str(profile)),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+    profiler: subprocess.Popen[bytes] | None = None
+
+    def start_profiler() -> None:
+        """py-spy from the first delivery handled on: start-up is not the pipeline."""
+        nonlocal profiler
+        if profile is not None and profiler is None:
+            profiler = subprocess.Popen(
+                [
+                    *(str(PY_SPY), "record", "--pid", str(worker.pid), "--rate", "200"),
+                    *("--idle", "--nonblocking", "--format", "raw", "--output", str(profile)),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+
     try:
 
         def handled() -> float:
             """Deliveries read; `count + 1` once each of their events is decided too."""
             received = metric(port, "storage_events_received_total")
+            if received > 0:
+                start_profiler()
             if received < count:
                 return received
             normalized = metric(port, "storage_events_normalized_total")

@@ -96,11 +96,13 @@ async def enqueue(
             continue
         # The batch is full: send it and start the next one with this record, which a fresh
         # batch always takes, whatever its size.
+        batch.close()
         queued.append((count, await producer.send_batch(batch, topic, partition=partition)))
         batch = producer.create_batch()
         batch.append(key=record.key, value=record.value, timestamp=None, headers=headers)
         count = 1
     if count:
+        batch.close()  # complete: the producer sends it without waiting `linger_ms`
         queued.append((count, await producer.send_batch(batch, topic, partition=partition)))
     return queued
 

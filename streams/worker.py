@@ -47,6 +47,8 @@ from streams.transactions import PartitionTransactions
 log = logging.getLogger(__name__)
 
 SWEEP_LIMIT = 50_000
+STOP_GRACE_S = 30.0
+"""How long a stopping worker waits for each stage's batch in flight."""
 
 
 def _load() -> Settings:
@@ -323,12 +325,21 @@ class PipelineService(faust.Service):
         ]
 
     async def on_stop(self) -> None:
-        # Stop the stages first (a batch in hand is abandoned uncommitted, so it is read
-        # again), then their clients.
+        # Let each stage finish the batch in hand (holding its lock keeps the next one out),
+        # then stop the stages and their clients. A batch that cannot finish in time (Kafka
+        # away) is abandoned uncommitted, so it is read again.
         stages = getattr(self, "_stages", [])
+        held = []
+        if running is not None:
+            for loop in (running.normalize, running.emit):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(loop.lock.acquire(), STOP_GRACE_S)
+                    held.append(loop.lock)
         for stage in stages:
             stage.cancel()
         await asyncio.gather(*stages, return_exceptions=True)
+        for lock in held:
+            lock.release()  # leaving the group calls the revoke callback, which takes it
         if running is not None:
             await running.stop()
 
