@@ -432,12 +432,36 @@ async def latency(bootstrap: str, rate: float, seconds: float, workdir: Path) ->
         stop(worker)
 
 
+SECTIONS = {
+    "state": ["-m", "benchmarks.restore"],
+    "normalizers": ["-m", "benchmarks.normalizers"],
+    "webhook": ["-m", "benchmarks.webhook"],
+}
+"""The issue's other figures, each its own script (and process: the normalizer benchmark pins
+itself to one core)."""
+
+
+def run_section(name: str) -> None:
+    if name not in SECTIONS:
+        raise SystemExit(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
+    print(f"\n## {name}: python {' '.join(SECTIONS[name])}", flush=True)
+    finished = subprocess.run([sys.executable, *SECTIONS[name]], cwd=ROOT, check=False)
+    if finished.returncode != 0:
+        print(f"({name} failed with exit code {finished.returncode})", flush=True)
+    print(flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--deliveries", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rate", type=float, default=2000.0, help="offered load for latency")
     parser.add_argument("--seconds", type=float, default=10.0, help="latency run length")
+    parser.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help="the other figures to print, comma-separated (default: all): " + ", ".join(SECTIONS),
+    )
     parser.add_argument(
         "--profile",
         type=Path,
@@ -474,6 +498,8 @@ def main() -> int:
         )
     if args.profile is not None and args.profile.exists():
         print("\n".join(report(args.profile)))
+    for name in filter(None, args.sections.split(",")):
+        run_section(name)
     print(f"pipeline / engine floor: {pipeline / floor:.3f}")
     print(f"pipeline / ceiling: {pipeline / top:.3f}")
     return 0

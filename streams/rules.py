@@ -48,18 +48,20 @@ def apply_instance(event: FileEvent, instance: InstanceConfig) -> FileEvent | Fi
     key = under_prefix(event.key, instance.prefix)
     if key is None:
         return Filtered("prefix")
-    for name in DROPPING_PLUGINS:
-        plugin = instance.plugin(name)
-        # The plugin's prefix itself, its folder marker (`.versions/`) and everything below.
-        if (
-            plugin is not None
-            and plugin.prefix
-            and (key == plugin.prefix or key.startswith(plugin.prefix + "/"))
-        ):
-            return Filtered(f"plugin:{name}")
-    changes: dict[str, object] = {"key": key}
-    if instance.plugin("dedup") is not None and not event.size:
-        changes.update(size=None, etag=None)
-    if any(instance.plugin(name) is not None for name in SIZE_CHANGING_PLUGINS):
-        changes["size"] = None
-    return event.model_copy(update=changes)
+    changes: dict[str, object] = {"key": key} if key != event.key else {}
+    if instance.plugins:
+        for name in DROPPING_PLUGINS:
+            plugin = instance.plugin(name)
+            # The plugin's prefix itself, its folder marker (`.versions/`) and everything below.
+            if (
+                plugin is not None
+                and plugin.prefix
+                and (key == plugin.prefix or key.startswith(plugin.prefix + "/"))
+            ):
+                return Filtered(f"plugin:{name}")
+        if instance.plugin("dedup") is not None and not event.size:
+            changes.update(size=None, etag=None)
+        if any(instance.plugin(name) is not None for name in SIZE_CHANGING_PLUGINS):
+            changes["size"] = None
+    # Most instances change nothing: the event itself (frozen) serves, without a copy.
+    return event.model_copy(update=changes) if changes else event

