@@ -55,6 +55,69 @@ class FileEvent(BaseModel):
         """The event without `raw`, as the CLI prints it."""
         return self.model_dump(mode="json", exclude={"raw"})
 
+    @classmethod
+    def from_checked(
+        cls,
+        *,
+        id: str,
+        type: EventType,
+        key: str,
+        bucket: str | None,
+        size: int | None,
+        etag: str | None,
+        version_id: str | None,
+        time: datetime | None,
+        sequencer: str | None,
+        provider: str,
+        version_only: bool | None,
+        raw: dict[str, Any] | None,
+    ) -> FileEvent:
+        """The event `FileEvent(...)` would build from these values, without validating them:
+        for the normalizers' hot path, where validation costs more than all the rest of an
+        S3 record's reading.
+
+        The caller vouches for what validation would otherwise check or convert: every value
+        exactly of its field's type (`str`, not a subclass; `int`, not a `bool`), `type` one
+        of EventType, `time` aware and in UTC (tzinfo `datetime.UTC`), and `raw` a dict with
+        `str` keys that no other event holds (validation would have copied it). Every field
+        is given, so the fields set are all of them, as for `FileEvent(**all_fields)`.
+        tests/normalizers hold every normalizer that uses this to `FileEvent(...)`'s result.
+        """
+        event = _new(cls)
+        # What `model_construct` stores in pydantic's four instance slots, without its
+        # per-field loop over aliases and defaults, which costs more than validating.
+        _set_dict(
+            event,
+            {
+                "id": id,
+                "type": type,
+                "key": key,
+                "bucket": bucket,
+                "size": size,
+                "etag": etag,
+                "version_id": version_id,
+                "time": time,
+                "sequencer": sequencer,
+                "provider": provider,
+                "version_only": version_only,
+                "raw": raw,
+            },
+        )
+        _set_fields_set(event, set(_FIELD_NAMES))
+        _set_extra(event, None)  # extra="forbid": there is none
+        _set_private(event, None)  # no private attributes
+        return event
+
+
+# FileEvent is frozen (its own __setattr__ refuses), so from_checked fills the slots the way
+# pydantic does: object's own __new__ and the slots' descriptors.
+_new = object.__new__
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+_FIELD_NAMES = frozenset(FileEvent.model_fields)
+
 
 def format_time(value: datetime) -> str:
     """RFC 3339 in UTC with a `Z`, microseconds only when present."""

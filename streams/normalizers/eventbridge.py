@@ -69,8 +69,11 @@ def normalize(delivery: Delivery) -> list[FileEvent]:
     obj = require_dict(detail.get("object"), "detail.object")
     version = present(obj.get("version-id"), "detail.object.version-id")
     etag = obj.get("etag", obj.get("eTag"))
+    # Every value below is already of its field's exact type (read from JSON, or made
+    # here), the time in UTC, and the event object is this event's own: FileEvent's
+    # validation would only repeat the checks.
     return [
-        FileEvent(
+        FileEvent.from_checked(
             id=event_id,
             type=event_type,
             key=require_str(obj.get("key"), "detail.object.key"),

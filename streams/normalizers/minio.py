@@ -56,7 +56,7 @@ _KINDS: dict[str, Kind] = {
     "s3:ObjectRemoved:DeleteAllVersions": "deleted",
     "s3:LifecycleDelMarkerExpiration:Delete": "deleted",
 }
-_EVENT_SOURCES = {"minio:s3", "aws:s3"}
+_EVENT_SOURCES = frozenset({"minio:s3", "aws:s3"})
 _PLACEHOLDER_VERSIONS = frozenset({"1"})
 
 
@@ -71,7 +71,7 @@ def normalize(delivery: Delivery) -> list[FileEvent]:
         events.extend(
             record_events(
                 record,
-                f"Records[{index}]",
+                index,
                 SOURCE,
                 _KINDS.get,
                 _EVENT_SOURCES,

@@ -45,6 +45,7 @@ helpers (`present`, `strip_quotes`, `optional_int`, `parse_time`, `load_json`) a
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any, Literal
 
 from streams.delivery import Delivery
@@ -75,6 +76,7 @@ Classify = Callable[[str], Kind | None]
 _MAX_NESTING = 3
 _DELETE_MARKERS = {"ObjectRemoved:DeleteMarkerCreated", "LifecycleExpiration:DeleteMarkerCreated"}
 _VERSION_DELETES = {"ObjectRemoved:Delete", "LifecycleExpiration:Delete"}
+_EVENT_SOURCES = frozenset({"aws:s3"})
 
 
 def normalize(delivery: Delivery) -> list[FileEvent]:
@@ -104,12 +106,13 @@ def _events(body: Any, depth: int) -> list[FileEvent]:
         raise MalformedDelivery("Records is not a JSON array")
     events: list[FileEvent] = []
     for index, record in enumerate(records):
-        what = f"Records[{index}]"
-        inner = _wrapped_message(record, what)
+        if not isinstance(record, dict):
+            raise MalformedDelivery(f"{_record_name(index)} is not a JSON object")
+        inner = _wrapped_message(record, index)
         if inner is None:
-            events.extend(record_events(record, what, SOURCE, classify, {"aws:s3"}))
+            events.extend(record_events(record, index, SOURCE, classify, _EVENT_SOURCES))
         else:
-            events.extend(_events(_nested(inner, what, depth), depth + 1))
+            events.extend(_events(_nested(inner, _record_name(index), depth), depth + 1))
     return events
 
 
@@ -125,15 +128,14 @@ def _unwrapped(body: dict[str, Any], depth: int) -> list[FileEvent]:
     raise MalformedDelivery("S3 notification has no Records (and is no SNS envelope)")
 
 
-def _wrapped_message(record: Any, what: str) -> str | None:
+def _wrapped_message(record: dict[str, Any], index: int) -> str | None:
     """The S3 JSON a Lambda SNS/SQS record carries, or None for a plain S3 record."""
-    if not isinstance(record, dict):
-        raise MalformedDelivery(f"{what} is not a JSON object")
     if "Sns" in record:
+        what = _record_name(index)
         sns = require_dict(record["Sns"], f"{what}.Sns")
         return require_str(sns.get("Message"), f"{what}.Sns.Message")
     if record.get("eventSource") == "aws:sqs":
-        return require_str(record.get("body"), f"{what}.body")
+        return require_str(record.get("body"), f"{_record_name(index)}.body")
     return None
 
 
@@ -145,58 +147,103 @@ def _nested(text: str, what: str, depth: int) -> Any:
 
 def record_events(
     record: Any,
-    what: str,
+    index: int,
     provider: str,
     kind_of: Classify,
-    event_sources: set[str],
+    event_sources: AbstractSet[str],
     placeholder_versions: frozenset[str] = frozenset(),
 ) -> list[FileEvent]:
-    """The event (zero or one) for one S3-shaped record.
+    """The event (zero or one) for `Records[index]`, an S3-shaped record.
 
     `placeholder_versions` are versionId values that name no version (MinIO's legacy "1").
     """
-    record = require_dict(record, what)
-    source = optional_str(record.get("eventSource"), f"{what}.eventSource")
-    if source is not None and source not in event_sources:
+    # The hot path of S3 and MinIO: each field is checked in line, and only a field that
+    # fails goes to its base helper (require_dict, require_str, present, ...), which refuses
+    # it in its own words; the record's name is only spelt out for that. A helper call for
+    # every field, or the name for every record, cost more than the checks themselves.
+    if not isinstance(record, dict):
+        require_dict(record, _record_name(index))
+    source = record.get("eventSource")
+    if source is not None and (not isinstance(source, str) or source not in event_sources):
+        what = _record_name(index)
+        optional_str(source, f"{what}.eventSource")
         # Another provider's record: this delivery was routed to the wrong source.
         raise MalformedDelivery(
             f"{what}.eventSource {source!r} is not one of {sorted(event_sources)}"
         )
-    name = require_str(record.get("eventName"), f"{what}.eventName")
+    name = record.get("eventName")
+    if not isinstance(name, str) or not name:
+        require_str(name, f"{_record_name(index)}.eventName")
     kind = kind_of(name)
     if kind is None:
         return []  # dropped before reading the object: bucket/metadata events lack one
-    s3 = require_dict(record.get("s3"), f"{what}.s3")
-    bucket_info = require_dict(s3.get("bucket"), f"{what}.s3.bucket")
-    bucket = require_str(bucket_info.get("name"), f"{what}.s3.bucket.name")
-    obj = require_dict(s3.get("object"), f"{what}.s3.object")
-    key = form_decode(require_str(obj.get("key"), f"{what}.s3.object.key"))
-    sequencer = present(obj.get("sequencer"), f"{what}.s3.object.sequencer")
-    version = present(obj.get("versionId"), f"{what}.s3.object.versionId")
-    if version in placeholder_versions:
+    s3 = record.get("s3")
+    if not isinstance(s3, dict):
+        require_dict(s3, f"{_record_name(index)}.s3")
+    bucket_info = s3.get("bucket")
+    if not isinstance(bucket_info, dict):
+        require_dict(bucket_info, f"{_record_name(index)}.s3.bucket")
+    bucket = bucket_info.get("name")
+    if not isinstance(bucket, str) or not bucket:
+        require_str(bucket, f"{_record_name(index)}.s3.bucket.name")
+    obj = s3.get("object")
+    if not isinstance(obj, dict):
+        require_dict(obj, f"{_record_name(index)}.s3.object")
+    key = obj.get("key")
+    if not isinstance(key, str) or not key:
+        require_str(key, f"{_record_name(index)}.s3.object.key")
+    key = form_decode(key)
+    # Optional strings: "" (a Go zero value) counts as absent, and `present` refuses
+    # anything else that is not a string.
+    sequencer = obj.get("sequencer")
+    if sequencer is not None and not isinstance(sequencer, str):
+        present(sequencer, f"{_record_name(index)}.s3.object.sequencer")
+    version = obj.get("versionId")
+    if version is not None and not isinstance(version, str):
+        present(version, f"{_record_name(index)}.s3.object.versionId")
+    event_time = record.get("eventTime")
+    if event_time is not None and not isinstance(event_time, str):
+        present(event_time, f"{_record_name(index)}.eventTime")
+    raw_etag = obj.get("eTag")
+    if raw_etag is not None and not isinstance(raw_etag, str):
+        present(raw_etag, f"{_record_name(index)}.s3.object.eTag")
+    sequencer, event_time, raw_etag = sequencer or None, event_time or None, raw_etag or None
+    if not version or version in placeholder_versions:
         version = None
-    event_time = present(record.get("eventTime"), f"{what}.eventTime")
-    raw_etag = present(obj.get("eTag"), f"{what}.s3.object.eTag")
     if sequencer is not None:
         event_id = derived_id(provider, name, bucket, key, sequencer)
     elif version is not None or event_time is not None or raw_etag is not None:
         event_id = derived_id(provider, name, bucket, key, version, event_time, raw_etag)
     else:
         event_id = record_hash_id(provider, record)
+    size = obj.get("size")
+    if size is not None and type(size) is not int:  # not a bool, a float, a string
+        size = optional_int(size, f"{_record_name(index)}.s3.object.size")
+    try:
+        time = parse_time(event_time)
+    except MalformedDelivery:
+        parse_time(event_time, f"{_record_name(index)}.eventTime")  # refuses, naming it
+        raise
     version_only = None if kind == "created" else kind == "version_delete" and version is not None
+    # Every value below is already of its field's exact type, the time in UTC, and the
+    # record is this event's own: FileEvent's validation would only repeat the checks.
     return [
-        FileEvent(
+        FileEvent.from_checked(
             id=event_id,
             type="created" if kind == "created" else "deleted",
             key=key,
             bucket=bucket,
-            size=optional_int(obj.get("size"), f"{what}.s3.object.size"),
+            size=size,
             etag=strip_quotes(raw_etag),
             version_id=version,
-            time=parse_time(event_time, f"{what}.eventTime"),
+            time=time,
             sequencer=sequencer,
             provider=provider,
             version_only=version_only,
             raw=record,
         )
     ]
+
+
+def _record_name(index: int) -> str:
+    return f"Records[{index}]"

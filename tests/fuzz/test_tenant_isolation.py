@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from streams.config import InstanceConfig, Settings
 from streams.event import FileEvent
-from streams.records import RawRecord, parse_keyed_value
+from streams.records import RawRecord, parse_keyed
 from streams.routing import route
 from streams.rules import Filtered, apply_instance
 
@@ -213,9 +213,9 @@ def test_a_delivery_is_routed_to_exactly_the_instances_that_contain_its_key(
         return
     got: dict[str, str] = {}
     for record in routed.records:
-        instance_name, event = parse_keyed_value(record.value or b"")
-        assert instance_name not in got, "one event reached an instance twice"
-        got[instance_name] = event.key
+        event = parse_keyed(record.value or b"", dict(record.headers))
+        assert event.instance not in got, "one event reached an instance twice"
+        got[event.instance] = event.key
     expected = {
         instance.name: seen
         for instance in instances
