@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -291,6 +292,37 @@ def worker_config(workdir: Path, suffix: str, raw_topic: str) -> tuple[Path, str
     return config, output
 
 
+def stage_breakdown(port: int) -> str:
+    """Where each stage's wall-clock time went (the worker's storage_events_stage_* metrics)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+            text = response.read().decode()
+    except OSError:
+        return "  (no stage metrics)"
+    samples: dict[tuple[str, ...], float] = {}
+    for line in text.splitlines():
+        if line.startswith("storage_events_stage_") and "_created" not in line:
+            name, _, value = line.rpartition(" ")
+            labels = tuple(sorted(re.findall(r'(\w+)="([^"]*)"', name)))
+            samples[(name.split("{")[0], *(f"{k}={v}" for k, v in labels))] = float(value)
+    lines = []
+    for stage in ("normalize", "emit"):
+        batches = samples.get(("storage_events_stage_batches_total", f"stage={stage}"), 0.0)
+        records = samples.get(("storage_events_stage_records_total", f"stage={stage}"), 0.0)
+        seconds = {
+            phase: samples.get(
+                ("storage_events_stage_seconds_total", f"phase={phase}", f"stage={stage}"), 0.0
+            )
+            for phase in ("fetch", "handle", "commit")
+        }
+        lines.append(
+            f"  {stage:<9} {batches:>6,.0f} batches, {records / max(batches, 1):>6,.0f} records "
+            "each; seconds waiting for records {fetch:.1f}, handling (until acknowledged) "
+            "{handle:.1f}, committing offsets {commit:.1f}".format(**seconds)
+        )
+    return "\n".join(lines)
+
+
 def run_pipeline(
     bootstrap: str, raw_topic: str, count: int, workdir: Path, profile: Path | None = None
 ) -> float:
@@ -339,7 +371,9 @@ def run_pipeline(
             )
             return count + 1 if decided >= normalized else count
 
-        return count / timed(handled, count + 1, 1800)
+        rate = count / timed(handled, count + 1, 1800)
+        print(stage_breakdown(port), flush=True)
+        return rate
     finally:
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, KafkaError
+
+from streams import metrics
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +90,19 @@ class BatchLoop(ConsumerRebalanceListener):  # type: ignore[misc]
     async def run(self) -> None:
         """Until cancelled."""
         self.consumer.subscribe(self.topics, listener=self)
+        fetching = metrics.STAGE_SECONDS.labels(self.name, "fetch")
+        handling = metrics.STAGE_SECONDS.labels(self.name, "handle")
+        committing = metrics.STAGE_SECONDS.labels(self.name, "commit")
+        batches = metrics.STAGE_BATCHES.labels(self.name)
+        handled = metrics.STAGE_RECORDS.labels(self.name)
         while True:
             generation = self._generation
+            started = time.monotonic()
             batch = await self.consumer.getmany(
                 timeout_ms=self.within_ms, max_records=self.max_records
             )
+            fetched = time.monotonic()
+            fetching.inc(fetched - started)
             if not batch:
                 self._raise_if_failed()
                 continue
@@ -102,8 +113,13 @@ class BatchLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                     self._rewind(batch)
                     continue
                 await self.handle(batch)
+                done = time.monotonic()
+                handling.inc(done - fetched)
                 if self.commits_offsets:
                     await self._commit(batch)
+                    committing.inc(time.monotonic() - done)
+                batches.inc()
+                handled.inc(sum(len(records) for records in batch.values()))
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:

@@ -41,3 +41,11 @@ LATENCY = Histogram(
 )
 
 OUTCOME_COUNTERS = {"emitted": EMITTED, "duplicate": DUPLICATES, "stale": STALE}
+STAGE_SECONDS = Counter(
+    "storage_events_stage_seconds",
+    "Wall-clock time of each stage's loop by phase: waiting for records (fetch), deciding and "
+    "writing a batch until Kafka acknowledged it (handle), committing offsets (commit)",
+    ["stage", "phase"],
+)
+STAGE_BATCHES = Counter("storage_events_stage_batches", "Batches handled per stage", ["stage"])
+STAGE_RECORDS = Counter("storage_events_stage_records", "Records handled per stage", ["stage"])

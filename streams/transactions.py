@@ -51,6 +51,10 @@ class PartitionTransactions:
                 client_id=f"{self.app_id}-emit-{partition}",
                 transactional_id=f"{self.app_id}-emit-{partition}",
                 **PRODUCER_SETTINGS,
+                # A transaction begun right after the previous commit finds the broker still
+                # writing that one's markers (CONCURRENT_TRANSACTIONS); aiokafka retries after
+                # this backoff, 100 ms by default: a tenth of a second per batch and partition.
+                retry_backoff_ms=10,
             )
             try:
                 await producer.start()  # init_transactions: fences and aborts older ones
@@ -102,9 +106,10 @@ class PartitionTransactions:
                         (place, await enqueue(producer, *place, group))
                         for place, group in groups.items()
                     ]
-                    done = [await acknowledged(*place, batches) for place, batches in queued]
+                    # While the records are in flight: committing waits for them anyway.
                     await producer.send_offsets_to_transaction(offsets, self.group_id)
-                return done
+                # Committed, so every record was acknowledged: their offsets are known.
+                return [await acknowledged(*place, batches) for place, batches in queued]
             except ProducerFenced:
                 raise
             except KafkaError as exc:
