@@ -46,6 +46,7 @@ class BatchLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         max_records: int,
         within_ms: int,
         on_assigned: Callable[[set[TopicPartition]], Awaitable[None]] | None = None,
+        drain: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.name = name
         self.consumer = consumer
@@ -55,6 +56,9 @@ class BatchLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         self.max_records = max_records
         self.within_ms = within_ms
         self.on_assigned = on_assigned
+        self.drain = drain
+        """Waits for work `handle` left running (it commits its own offsets); called before
+        partitions are given up."""
         self.lock = asyncio.Lock()
         """Held while a batch is handled; hold it to keep batches out (the dedupe sweeper)."""
         self.assigned = asyncio.Event()
@@ -68,6 +72,11 @@ class BatchLoop(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         async with self.lock:
+            if self.drain is not None:
+                try:
+                    await self.drain()
+                except Exception as exc:
+                    self._failure = exc  # the run loop raises it
             self._generation += 1
             self.assigned.clear()
 

@@ -60,6 +60,24 @@ class StateReader(Protocol):
     def get(self, table: str, partition: int, key: bytes) -> bytes | None: ...
 
 
+class PendingState:
+    """State as plans not applied yet will leave it: their writes, newest first, then `state`.
+
+    Lets the next batch of a partition be planned while the previous one is still being
+    written to Kafka."""
+
+    def __init__(self, state: StateReader, pending: Sequence[EmitPlan]) -> None:
+        self.state = state
+        self.writes = [plan.writes for plan in reversed(pending)]
+
+    def get(self, table: str, partition: int, key: bytes) -> bytes | None:
+        for writes in self.writes:
+            items = writes.get((table, partition))
+            if items is not None and key in items:
+                return items[key]
+        return self.state.get(table, partition, key)
+
+
 @dataclass(slots=True)
 class EmitPlan:
     outputs: list[OutRecord] = field(default_factory=list)

@@ -97,7 +97,10 @@ class StateStore:
         wanted = {(table, partition) for table in self._changelogs for partition in partitions}
         for place in set(self._dbs) - wanted:
             db = self._dbs.pop(place)
-            db.flush()  # leaves nothing to replay from the write-ahead log at the next open
+            try:
+                db.flush()  # leaves nothing to replay from the write-ahead log at the next open
+            except Exception as exc:  # rocksdict raises plain Exception (a full disk, say)
+                log.warning("flushing %s-%d before closing failed: %s", *place, exc)
             db.close()
         self.directory.mkdir(parents=True, exist_ok=True)
         for table, partition in sorted(wanted - set(self._dbs)):

@@ -25,7 +25,8 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from streams import failpoints, metrics
 from streams.config import ConfigError, Settings, load_settings
 from streams.consuming import Batch, BatchLoop
-from streams.emitting import MARKS, SEEN, KeyedInput, decode_expiry, plan_batch
+from streams.emitting import (
+    MARKS,
+    SEEN,
+    EmitPlan,
+    KeyedInput,
+    PendingState,
+    decode_expiry,
+    plan_batch,
+)
 from streams.records import RawRecord, header_text, headers_dict
 from streams.routing import route
 from streams.sending import RecordSender
@@ -47,6 +56,8 @@ from streams.transactions import PartitionTransactions
 log = logging.getLogger(__name__)
 
 SWEEP_LIMIT = 50_000
+MAX_PARTS_IN_FLIGHT = 2
+"""Per partition: emit parts planned ahead while earlier ones are written."""
 STOP_GRACE_S = 30.0
 """How long a stopping worker waits for each stage's batch in flight."""
 
@@ -99,11 +110,21 @@ def _consumer(group_id: str, member: str) -> AIOKafkaConsumer:
     )
 
 
+@dataclass(slots=True)
+class _Part:
+    """One partition's share of an emit batch, planned, until its state is applied."""
+
+    plan: EmitPlan
+    done: asyncio.Future[None] = field(init=False)
+
+
 class Pipeline:
     """The two stages, their producers and the state store of one worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, stop_on_failure: Callable[[str, BaseException], Awaitable[None]]) -> None:
         stream = settings.stream
+        self.stop_on_failure = stop_on_failure
+        """Called with the stage's name when work running outside a stage's loop fails."""
         self.normalize_group = f"{stream.app_id}-normalize"
         self.emit_group = f"{stream.app_id}-emit"
         self.sender = RecordSender(settings.kafka.bootstrap_servers, f"{stream.app_id}-sender")
@@ -119,6 +140,8 @@ class Pipeline:
                 MARKS: changelog_topic(settings, MARKS_TABLE),
             },
         )
+        self._emitting: dict[int, list[_Part]] = {}
+        """Per partition, the emit parts planned but not yet in the local state, oldest first."""
         within_ms = int(stream.batch_within_s * 1000)
         self.normalize = BatchLoop(
             "normalize",
@@ -138,6 +161,7 @@ class Pipeline:
             max_records=stream.batch_size,
             within_ms=within_ms,
             on_assigned=self.restore,
+            drain=self.drain_emits,
         )
 
     @property
@@ -206,34 +230,76 @@ class Pipeline:
         await self.sender.send_all(records)
 
     async def handle_keyed_batch(self, batch: Batch) -> None:
-        """Dedupe, order and emit one batch of keyed events, per input partition."""
-        now = time.time()
-        await asyncio.gather(
-            *(
-                self._emit(
-                    [
-                        KeyedInput(
-                            tp.topic,
-                            tp.partition,
-                            message.key,
-                            message.value or b"",
-                            headers_dict(message.headers),
-                            message.offset,
-                        )
-                        for message in messages
-                    ],
-                    tp,
-                    now,
-                )
-                for tp, messages in batch.items()
-                if messages
-            )
-        )
+        """Dedupe, order and emit one batch of keyed events, per input partition.
 
-    async def _emit(self, inputs: Sequence[KeyedInput], tp: TopicPartition, now: float) -> None:
-        """Plan, then write outputs and changelog (in one transaction for exactly_once), then
-        the local state."""
-        plan = plan_batch(inputs, settings, self.store, now)
+        Each partition's part is planned at once, against its state as the parts still in
+        flight will leave it, then written by a task that waits for the partition's previous
+        part: the next batch is fetched and planned while Kafka still works on this one
+        (a part in flight either commits, retrying, or the worker stops). With
+        at_least_once the loop commits the offsets once this returns, so every part has
+        finished by then."""
+        now = time.time()
+        for tp, messages in batch.items():
+            if not messages:
+                continue
+            inputs = [
+                KeyedInput(
+                    tp.topic,
+                    tp.partition,
+                    message.key,
+                    message.value or b"",
+                    headers_dict(message.headers),
+                    message.offset,
+                )
+                for message in messages
+            ]
+            in_flight = self._emitting.setdefault(tp.partition, [])
+            while len(in_flight) >= MAX_PARTS_IN_FLIGHT:
+                await in_flight[0].done
+            pending = [part.plan for part in in_flight]
+            plan = plan_batch(inputs, settings, PendingState(self.store, pending), now)
+            previous = in_flight[-1].done if in_flight else None
+            part = _Part(plan)
+            in_flight.append(part)
+            part.done = asyncio.ensure_future(self._write(part, inputs, tp, previous))
+        if self.transactions is None:
+            await self.drain_emits()
+
+    async def drain_emits(self) -> None:
+        """Wait for every part in flight; raise the first that failed."""
+        parts = [part.done for in_flight in self._emitting.values() for part in in_flight]
+        results = await asyncio.gather(*parts, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _write(
+        self,
+        part: _Part,
+        inputs: Sequence[KeyedInput],
+        tp: TopicPartition,
+        previous: asyncio.Future[None] | None,
+    ) -> None:
+        """Write a planned part's outputs and changelog (in one transaction for
+        exactly_once), then its local state."""
+        try:
+            await self._write_after(part, inputs, tp, previous)
+        except Exception as exc:
+            # Nobody awaits this task before the next batch of its partition, which may
+            # never come: stop the worker now, as a failing stage loop does.
+            await self.stop_on_failure("emit", exc)
+            raise
+
+    async def _write_after(
+        self,
+        part: _Part,
+        inputs: Sequence[KeyedInput],
+        tp: TopicPartition,
+        previous: asyncio.Future[None] | None,
+    ) -> None:
+        if previous is not None:
+            await previous  # its failure is this part's too: the partition stops here
+        plan = part.plan
         changelog_records = self.store.changelog_records(plan.writes)
         if self.transactions is not None:
             offsets = {tp: inputs[-1].offset + 1}
@@ -247,6 +313,7 @@ class Pipeline:
             written = await self.sender.send_all(changelog_records)
         acknowledged_at = time.time()
         self.store.apply(plan.writes, written)
+        self._emitting[tp.partition].remove(part)
         for (instance, outcome), count in plan.outcomes.items():
             if outcome == "dead_letter":
                 metrics.DEAD_LETTERED.labels("emit").inc(count)
@@ -319,9 +386,11 @@ running: Pipeline | None = None
 class PipelineService(faust.Service):
     """Runs the two stages as long as the worker runs; a stage failing stops the worker."""
 
+    _failed = False
+
     async def on_start(self) -> None:
         global running
-        running = Pipeline()
+        running = Pipeline(self._stop_on_failure)
         await running.start()
         self._stages = [
             asyncio.ensure_future(self._run(loop)) for loop in (running.normalize, running.emit)
@@ -338,6 +407,8 @@ class PipelineService(faust.Service):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(loop.lock.acquire(), STOP_GRACE_S)
                     held.append(loop.lock)
+            with contextlib.suppress(Exception):  # a failure was logged by its stage
+                await asyncio.wait_for(running.drain_emits(), STOP_GRACE_S)
         for stage in stages:
             stage.cancel()
         await asyncio.gather(*stages, return_exceptions=True)
@@ -352,11 +423,17 @@ class PipelineService(faust.Service):
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            # A handler never raises for bad input (that is dead-lettered) nor for Kafka being
-            # away (that is retried): this is a bug. Stop the worker rather than stall silently.
-            log.exception("the %s stage failed; stopping the worker", loop.name)
-            await app.crash(exc)
+            await self._stop_on_failure(loop.name, exc)
             raise
+
+    async def _stop_on_failure(self, stage: str, exc: BaseException) -> None:
+        # A stage never fails on bad input (that is dead-lettered) nor on Kafka being away
+        # (that is retried): this is a bug or a broken disk. Stop rather than stall silently.
+        if self._failed:
+            return
+        self._failed = True
+        log.error("the %s stage failed; stopping the worker", stage, exc_info=exc)
+        await app.crash(exc)
 
 
 @app.timer(interval=settings.stream.dedupe_sweep_interval_s)  # type: ignore[untyped-decorator]
@@ -366,6 +443,7 @@ async def sweep_expired_ids() -> None:
     # One at a time with the emit stage, so a sweep never deletes an id a batch just recorded.
     async with running.emit.lock:
         if running.emit.ready:
+            await running.drain_emits()
             await running.sweep(time.time())
 
 

@@ -19,6 +19,7 @@ from streams.emitting import (
     SEEN,
     EmitPlan,
     KeyedInput,
+    PendingState,
     mark_key,
     plan_batch,
     seen_key,
@@ -379,3 +380,43 @@ def test_the_batch_goes_on_after_a_dead_letter() -> None:
     result = plan([KeyedInput(REPARTITION, 0, None, b"{}"), keyed(event())])
     assert [record.topic for record in result.outputs] == [DEAD_LETTER, "files.events.a"]
     assert outcomes(result) == {("?", "dead_letter"): 1, ("a", "emitted"): 1}
+
+
+def test_a_batch_planned_while_the_previous_one_is_unwritten_sees_its_state() -> None:
+    """The worker plans a partition's next batch before the previous batch's state is in
+    the store: PendingState must make that plan the same as after the write."""
+    store = MemoryState()
+    newer, older = event("0055AED6DCD90281F0"), event("0055AED6DCD90281E5")
+    first = plan([keyed(newer)], store)
+    assert outcomes(first) == {("a", "emitted"): 1}
+
+    second_batch = [keyed(newer), keyed(older), keyed(event("0055AED6DCD9028200"))]
+    ahead = plan_batch(second_batch, SETTINGS, PendingState(store, [first]), NOW)
+    store.apply(first)
+    after = plan_batch(second_batch, SETTINGS, store, NOW)
+
+    assert (
+        outcomes(ahead)
+        == outcomes(after)
+        == {
+            ("a", "duplicate"): 1,
+            ("a", "stale"): 1,
+            ("a", "emitted"): 1,
+        }
+    )
+    assert ahead.outputs == after.outputs
+    assert ahead.writes == after.writes
+
+
+def test_pending_state_reads_the_newest_pending_write_first() -> None:
+    store = MemoryState()
+    store.put(SEEN, 0, b"k", b"stored")
+    older, newer = EmitPlan(), EmitPlan()
+    older.write(SEEN, 0, b"k", b"older")
+    newer.write(SEEN, 0, b"k", b"newer")
+    newer.write(MARKS, 1, b"m", b"mark")
+    assert PendingState(store, [older, newer]).get(SEEN, 0, b"k") == b"newer"
+    assert PendingState(store, [older]).get(SEEN, 0, b"k") == b"older"
+    assert PendingState(store, []).get(SEEN, 0, b"k") == b"stored"
+    assert PendingState(store, [older, newer]).get(MARKS, 0, b"m") is None
+    assert PendingState(store, [older, newer]).get(MARKS, 1, b"m") == b"mark"
