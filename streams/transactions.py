@@ -51,10 +51,6 @@ class PartitionTransactions:
                 client_id=f"{self.app_id}-emit-{partition}",
                 transactional_id=f"{self.app_id}-emit-{partition}",
                 **PRODUCER_SETTINGS,
-                # A transaction begun right after the previous commit finds the broker still
-                # writing that one's markers (CONCURRENT_TRANSACTIONS); aiokafka retries after
-                # this backoff, 100 ms by default: a tenth of a second per batch and partition.
-                retry_backoff_ms=10,
             )
             try:
                 await producer.start()  # init_transactions: fences and aborts older ones
@@ -69,23 +65,25 @@ class PartitionTransactions:
         their state is restored, so no earlier owner's transaction is still open then."""
         for partition in set(self._producers) - partitions:
             await self._discard(partition)
-        for partition in sorted(partitions):
-            delay = 0.2
-            while True:
-                try:
-                    await self._producer(partition)
-                    break
-                except KafkaError as exc:
-                    log.warning(
-                        "transactional producer for partition %d cannot start (%r); "
-                        "retrying in %.1f s",
-                        partition,
-                        exc,
-                        delay,
-                    )
-                    await self._discard(partition)
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, MAX_BACKOFF_S)
+        # Together: each start is a few round trips to the transaction coordinator.
+        await asyncio.gather(*(self._start(partition) for partition in sorted(partitions)))
+
+    async def _start(self, partition: int) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await self._producer(partition)
+                return
+            except KafkaError as exc:
+                log.warning(
+                    "transactional producer for partition %d cannot start (%r); retrying in %.1f s",
+                    partition,
+                    exc,
+                    delay,
+                )
+                await self._discard(partition)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
 
     async def commit(
         self, partition: int, records: Sequence[OutRecord], offsets: dict[TopicPartition, int]
