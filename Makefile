@@ -63,7 +63,7 @@ format: install
 
 # The pipeline against the stack's ceiling on the local broker (prints figures; not a test).
 bench: install kafka-fetch
-	$(BIN)/python -m benchmarks.pipeline
+	$(BIN)/python -m benchmarks.pipeline $(BENCH_ARGS)
 
 # Records per second per source through each normalizer, on one core (no Kafka).
 bench-normalizers: install

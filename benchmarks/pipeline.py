@@ -1,6 +1,7 @@
 """The pipeline against this stack's ceiling, on the same machine, input and run (`make bench`).
 
     python -m benchmarks.pipeline [--deliveries 200000] [--seed 1] [--rate 2000] [--seconds 10]
+        [--sections state,normalizers,webhook] [--profile FILE]
 
 On the real broker (KAFKA_BOOTSTRAP_SERVERS, else the local broker of `make kafka`), with one
 raw topic (4 partitions) filled once with a fixed-seed mix weighted like real traffic (mostly
@@ -8,14 +9,19 @@ S3 via SQS/SNS and GCS pull, some Azure; 20% redeliveries in another wrapper, 5%
 pairs), three loops read the same input:
 
 1. ceiling: a bare aiokafka loop (getmany batches, produce every record unchanged with the
-   pipeline's producer settings, await the batch, commit);
+   pipeline's producer settings, await the batch, commit); printed also with one record
+   batch per partition instead of a `send` per record, the pipeline's own produce path;
 2. engine floor: a Faust agent that consumes the topic and does nothing (benchmarks.engine_floor);
-3. pipeline: the full worker (normalize, repartition, dedupe, order, output).
+3. pipeline: the full worker (normalize, repartition, dedupe, order, output), with its CPU
+   time and each stage's time split into waiting for records, handling and committing.
 
 Each figure is events/s from the first input read to the last output acknowledged. Then
 latency at a fixed offered load: p50/p99 from publishing a delivery to the raw topic until its
-event is readable (read_committed) on the output topic. The last line is pipeline / ceiling.
-A measurement, not a test.
+event is readable (read_committed) on the output topic. `--profile` samples the pipeline's
+worker with py-spy and prints where its time went (benchmarks.profile). Then the other
+sections, each its own script: state (benchmarks.restore), normalizers
+(benchmarks.normalizers), webhook bridge (benchmarks.webhook). The last line is
+pipeline / ceiling. A measurement, not a test.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from benchmarks.harness import FAUST, ROOT, bootstrap_servers, metric
 from benchmarks.profile import report
 from streams.delivery import Delivery
 from streams.normalizers import normalize
+from streams.records import OutRecord
+from streams.sending import PRODUCER_SETTINGS, acknowledged, enqueue, group_by_partition
 
 PARTITIONS = 4
 PY_SPY = Path(sys.executable).with_name("py-spy")
@@ -205,7 +213,13 @@ async def fill(bootstrap: str, topic: str, records: list[Raw]) -> None:
         await producer.stop()
 
 
-async def ceiling(bootstrap: str, source: str, sink: str, count: int) -> float:
+async def ceiling(
+    bootstrap: str, source: str, sink: str, count: int, batched: bool = False
+) -> float:
+    """Bare aiokafka, consume -> produce unchanged, with the pipeline's producer settings.
+
+    The issue's ceiling sends each record (`producer.send`); `batched` hands the producer
+    one record batch per partition instead, as the pipeline's stages do (streams.sending)."""
     consumer = AIOKafkaConsumer(
         source,
         bootstrap_servers=bootstrap,
@@ -214,13 +228,7 @@ async def ceiling(bootstrap: str, source: str, sink: str, count: int) -> float:
         auto_offset_reset="earliest",
         max_poll_records=2000,
     )
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=5,
-        max_batch_size=256 * 1024,
-    )
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **PRODUCER_SETTINGS)
     await consumer.start()
     await producer.start()
     done, started = 0, 0.0
@@ -229,14 +237,28 @@ async def ceiling(bootstrap: str, source: str, sink: str, count: int) -> float:
             batches = await consumer.getmany(timeout_ms=1000, max_records=2000)
             if batches and not started:
                 started = time.monotonic()
-            futures = [
-                await producer.send(sink, m.value, key=m.key, headers=list(m.headers))
-                for messages in batches.values()
-                for m in messages
-            ]
-            await asyncio.gather(*futures)
+            if batched:
+                records = [
+                    OutRecord(sink, m.key, m.value, tuple(m.headers))
+                    for messages in batches.values()
+                    for m in messages
+                ]
+                groups = await group_by_partition(producer, records)
+                queued = [
+                    (place, await enqueue(producer, *place, group))
+                    for place, group in groups.items()
+                ]
+                sent = sum([(await acknowledged(*place, q)).count for place, q in queued])
+            else:
+                futures = [
+                    await producer.send(sink, m.value, key=m.key, headers=list(m.headers))
+                    for messages in batches.values()
+                    for m in messages
+                ]
+                await asyncio.gather(*futures)
+                sent = len(futures)
             await consumer.commit()
-            done += len(futures)
+            done += sent
         return done / (time.monotonic() - started)
     finally:
         await producer.stop()
@@ -292,6 +314,12 @@ def worker_config(workdir: Path, suffix: str, raw_topic: str) -> tuple[Path, str
     return config, output
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stage_breakdown(port: int) -> str:
     """Where each stage's wall-clock time went (the worker's storage_events_stage_* metrics)."""
     try:
@@ -341,6 +369,7 @@ def run_pipeline(
         workdir / f"pipeline-{suffix}.log",
     )
     profiler: subprocess.Popen[bytes] | None = None
+    cpu_at_start: list[float] = []
 
     def start_profiler() -> None:
         """py-spy from the first delivery handled on: start-up is not the pipeline."""
@@ -360,7 +389,8 @@ def run_pipeline(
         def handled() -> float:
             """Deliveries read; `count + 1` once each of their events is decided too."""
             received = metric(port, "storage_events_received_total")
-            if received > 0:
+            if received > 0 and not cpu_at_start:
+                cpu_at_start.append(cpu_seconds(worker.pid))
                 start_profiler()
             if received < count:
                 return received
@@ -371,8 +401,15 @@ def run_pipeline(
             )
             return count + 1 if decided >= normalized else count
 
-        rate = count / timed(handled, count + 1, 1800)
+        seconds = timed(handled, count + 1, 1800)
+        busy = cpu_seconds(worker.pid) - cpu_at_start[0]
+        print(
+            f"  worker CPU {busy:.1f} s in {seconds:.1f} s ({busy / seconds:.0%} of one core; "
+            "the rest it waits for Kafka)",
+            flush=True,
+        )
         print(stage_breakdown(port), flush=True)
+        rate = count / seconds
         return rate
     finally:
         if profiler is not None:
@@ -516,6 +553,10 @@ def main() -> int:
         workdir = Path(tmp)
         top = asyncio.run(ceiling(bootstrap, raw_topic, sink, len(records)))
         print(f"ceiling   (bare aiokafka consume -> produce): {top:>10,.0f} events/s", flush=True)
+        sink2 = f"bench-sink-{uuid.uuid4().hex[:8]}"
+        asyncio.run(create_topics(bootstrap, sink2))
+        batched = asyncio.run(ceiling(bootstrap, raw_topic, sink2, len(records), batched=True))
+        print(f"  the same, a record batch per partition:  {batched:>10,.0f} events/s", flush=True)
         floor = run_floor(bootstrap, raw_topic, len(records), workdir)
         print(f"engine floor (Faust agent, no work):        {floor:>10,.0f} events/s", flush=True)
         pipeline = run_pipeline(bootstrap, raw_topic, len(records), workdir, args.profile)

@@ -3,8 +3,10 @@
     python -m benchmarks.profile PROFILE.txt
 
 Reads py-spy's `raw` output (collapsed stacks: `frame;frame;...;leaf count`, one per line)
-and attributes every sample to one part of the pipeline: walking from the innermost frame
-outwards, the first frame that names a part decides. Prints the share of each part.
+and attributes every sample of the worker's event-loop thread to one part of the pipeline:
+walking from the innermost frame outwards, the first frame that names a part decides.
+Samples of other threads (Faust's consumer thread, idle here since the stages consume with
+their own clients) are left out. Prints the share of each part.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 
+OTHER_THREAD_ROOT = "Thread._bootstrap (threading.py"
+
+
 def part_of(stack: list[str]) -> str:
     for frame in reversed(stack):
         for part, needles in PARTS:
@@ -51,7 +56,10 @@ def summarise(path: Path) -> list[tuple[str, int]]:
         stack_text, _, count = line.rpartition(" ")
         if not stack_text or not count.isdigit():
             continue
-        samples[part_of(stack_text.split(";"))] += int(count)
+        stack = stack_text.split(";")
+        if stack[0].startswith(OTHER_THREAD_ROOT):
+            continue
+        samples[part_of(stack)] += int(count)
     return samples.most_common()
 
 
