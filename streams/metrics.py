@@ -31,7 +31,8 @@ DEAD_LETTERED = Counter(
 )
 EXPIRED = Counter("storage_events_dedupe_expired", "Dedupe entries removed after their TTL")
 SEND_RETRIES = Counter(
-    "storage_events_send_retries", "Batches re-sent after Kafka did not acknowledge them"
+    "storage_events_send_retries",
+    "Writes to Kafka tried again after a failure: batches, transactions, producer start-ups",
 )
 LATENCY = Histogram(
     "storage_events_latency_seconds",

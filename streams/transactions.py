@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
@@ -32,6 +33,7 @@ from streams.sending import (
 )
 
 log = logging.getLogger(__name__)
+Result = TypeVar("Result")
 
 
 class PartitionTransactions:
@@ -69,21 +71,7 @@ class PartitionTransactions:
         await asyncio.gather(*(self._start(partition) for partition in sorted(partitions)))
 
     async def _start(self, partition: int) -> None:
-        delay = 0.2
-        while True:
-            try:
-                await self._producer(partition)
-                return
-            except KafkaError as exc:
-                log.warning(
-                    "transactional producer for partition %d cannot start (%r); retrying in %.1f s",
-                    partition,
-                    exc,
-                    delay,
-                )
-                await self._discard(partition)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_BACKOFF_S)
+        await self._retrying(partition, "starting its producer", lambda: self._producer(partition))
 
     async def commit(
         self, partition: int, records: Sequence[OutRecord], offsets: dict[TopicPartition, int]
@@ -94,26 +82,38 @@ class PartitionTransactions:
         Retries while Kafka is unavailable; a fenced producer (another worker owns the
         partition now) is raised, since this worker must not go on writing for it.
         """
+
+        async def attempt() -> list[Acknowledged]:
+            producer = await self._producer(partition)
+            async with producer.transaction():
+                groups = await group_by_partition(producer, records)
+                queued = [
+                    (place, await enqueue(producer, *place, group))
+                    for place, group in groups.items()
+                ]
+                # While the records are in flight: committing waits for them anyway.
+                await producer.send_offsets_to_transaction(offsets, self.group_id)
+            # Committed, so every record was acknowledged: their offsets are known.
+            return [await acknowledged(*place, batches) for place, batches in queued]
+
+        return await self._retrying(partition, "a transaction", attempt)
+
+    async def _retrying(
+        self, partition: int, what: str, attempt: Callable[[], Awaitable[Result]]
+    ) -> Result:
+        """`attempt` until Kafka takes it, with a new producer and a growing pause after each
+        failure; a fenced producer is raised."""
         delay = 0.2
         while True:
             try:
-                producer = await self._producer(partition)
-                async with producer.transaction():
-                    groups = await group_by_partition(producer, records)
-                    queued = [
-                        (place, await enqueue(producer, *place, group))
-                        for place, group in groups.items()
-                    ]
-                    # While the records are in flight: committing waits for them anyway.
-                    await producer.send_offsets_to_transaction(offsets, self.group_id)
-                # Committed, so every record was acknowledged: their offsets are known.
-                return [await acknowledged(*place, batches) for place, batches in queued]
+                return await attempt()
             except ProducerFenced:
                 raise
             except KafkaError as exc:
                 metrics.SEND_RETRIES.inc()
                 log.warning(
-                    "transaction for partition %d failed (%r); retrying in %.1f s",
+                    "%s for partition %d failed (%r); retrying in %.1f s",
+                    what,
                     partition,
                     exc,
                     delay,

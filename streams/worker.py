@@ -283,45 +283,36 @@ class Pipeline:
         """Write a planned part's outputs and changelog (in one transaction for
         exactly_once), then its local state."""
         try:
-            await self._write_after(part, inputs, tp, previous)
+            if previous is not None:
+                await previous  # its failure is this part's too: the partition stops here
+            plan = part.plan
+            changelog_records = self.store.changelog_records(plan.writes)
+            if self.transactions is not None:
+                offsets = {tp: inputs[-1].offset + 1}
+                written = await self.transactions.commit(
+                    tp.partition, [*plan.outputs, *changelog_records], offsets
+                )
+                failpoints.reached("after-output")
+            else:
+                await self.sender.send_all(plan.outputs)
+                failpoints.reached("after-output")
+                written = await self.sender.send_all(changelog_records)
+            acknowledged_at = time.time()
+            self.store.apply(plan.writes, written)
+            self._emitting[tp.partition].remove(part)
+            for (instance, outcome), count in plan.outcomes.items():
+                if outcome == "dead_letter":
+                    metrics.DEAD_LETTERED.labels("emit").inc(count)
+                else:
+                    metrics.OUTCOME_COUNTERS[outcome].labels(instance).inc(count)
+            for instance, received_at in plan.received_at:
+                with contextlib.suppress(ValueError):  # a bridge's unreadable received-at header
+                    metrics.LATENCY.labels(instance).observe(acknowledged_at - float(received_at))
         except Exception as exc:
             # Nobody awaits this task before the next batch of its partition, which may
             # never come: stop the worker now, as a failing stage loop does.
             await self.stop_on_failure("emit", exc)
             raise
-
-    async def _write_after(
-        self,
-        part: _Part,
-        inputs: Sequence[KeyedInput],
-        tp: TopicPartition,
-        previous: asyncio.Future[None] | None,
-    ) -> None:
-        if previous is not None:
-            await previous  # its failure is this part's too: the partition stops here
-        plan = part.plan
-        changelog_records = self.store.changelog_records(plan.writes)
-        if self.transactions is not None:
-            offsets = {tp: inputs[-1].offset + 1}
-            written = await self.transactions.commit(
-                tp.partition, [*plan.outputs, *changelog_records], offsets
-            )
-            failpoints.reached("after-output")
-        else:
-            await self.sender.send_all(plan.outputs)
-            failpoints.reached("after-output")
-            written = await self.sender.send_all(changelog_records)
-        acknowledged_at = time.time()
-        self.store.apply(plan.writes, written)
-        self._emitting[tp.partition].remove(part)
-        for (instance, outcome), count in plan.outcomes.items():
-            if outcome == "dead_letter":
-                metrics.DEAD_LETTERED.labels("emit").inc(count)
-            else:
-                metrics.OUTCOME_COUNTERS[outcome].labels(instance).inc(count)
-        for instance, received_at in plan.received_at:
-            with contextlib.suppress(ValueError):  # a bridge's unreadable received-at header
-                metrics.LATENCY.labels(instance).observe(acknowledged_at - float(received_at))
 
     async def sweep(self, now: float) -> None:
         """Forget dedupe entries past their TTL, locally and (by tombstones) in the changelog."""
