@@ -132,7 +132,7 @@ class BatchLoop(ConsumerRebalanceListener):  # type: ignore[misc]
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
-            raise RuntimeError(f"{self.name}: preparing the assignment failed") from self._failure
+            raise RuntimeError(f"{self.name}: a rebalance callback failed") from self._failure
 
     def _rewind(self, batch: Batch) -> None:
         assignment = self.consumer.assignment()

@@ -163,13 +163,23 @@ class RecordSender:
         """Send every record; once all are acknowledged, say where each partition's went."""
         if not records:
             return []
-        pending = await group_by_partition(self._producer, records)
         done: list[Acknowledged] = []
         delay = 0.2
         failed_rounds = 0
-        while pending:
+        pending: dict[tuple[str, int], list[OutRecord]] | None = None
+        while pending is None or pending:
             error: BaseException | None = None
             queued: dict[tuple[str, int], list[tuple[int, asyncio.Future[RecordMetadata]]]] = {}
+            if pending is None:
+                try:
+                    # Needs each topic's partition count: metadata, i.e. a reachable broker.
+                    pending = await group_by_partition(self._producer, records)
+                except KafkaError as exc:
+                    log.warning("no metadata for the records' topics (%r); retrying", exc)
+                    metrics.SEND_RETRIES.inc()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, MAX_BACKOFF_S)
+                    continue
             for (topic, partition), group in pending.items():
                 try:
                     queued[(topic, partition)] = await enqueue(

@@ -194,9 +194,9 @@ class StateStore:
             max_partition_fetch_bytes=2 * 1024 * 1024,
             fetch_max_bytes=8 * 1024 * 1024,
         )
-        await consumer.start()
         total = 0
         try:
+            await consumer.start()
             consumer.assign(list(places))
             ends = await consumer.end_offsets(list(places))
             remaining: dict[TopicPartition, int] = {}

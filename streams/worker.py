@@ -32,6 +32,7 @@ from typing import Any
 
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from streams import failpoints, metrics
@@ -187,9 +188,17 @@ class Pipeline:
         partitions = {tp.partition for tp in assigned}
         if self.transactions is not None:
             await self.transactions.prepare(partitions)
-        restored = await self.store.restore(
-            settings.kafka.bootstrap_servers, partitions, {SEEN: decode_expiry}
-        )
+        delay = 0.5
+        while True:
+            try:
+                restored = await self.store.restore(
+                    settings.kafka.bootstrap_servers, partitions, {SEEN: decode_expiry}
+                )
+                break
+            except KafkaError as exc:  # Kafka away: what was applied stays, the rest is read again
+                log.warning("restoring state failed (%r); retrying in %.1f s", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
         log.info(
             "state of %d partitions restored: %d changelog records in %.2f s",
             restored.partitions,
