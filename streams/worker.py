@@ -47,6 +47,7 @@ from streams.emitting import (
     decode_expiry,
     plan_batch,
 )
+from streams.offsets import adopt_committed_offsets
 from streams.records import RawRecord, header_text, headers_dict
 from streams.routing import route
 from streams.sending import RecordSender
@@ -171,7 +172,8 @@ class Pipeline:
 
     async def start(self) -> None:
         await self.sender.start()
-        for loop in (self.normalize, self.emit):
+        for group, loop in ((self.normalize_group, self.normalize), (self.emit_group, self.emit)):
+            await _adopt_offsets(group, loop.topics)
             await _start_consumer(loop.consumer)
 
     async def stop(self) -> None:
@@ -338,6 +340,21 @@ class Pipeline:
             if len(keys) >= SWEEP_FLUSH_KEYS:
                 self.store.flush(table, partition)
         metrics.EXPIRED.inc(sum(len(keys) for keys in writes.values()))
+
+
+async def _adopt_offsets(group: str, topics: list[str]) -> None:
+    """A stage group's first start after an upgrade from the Faust agents: streams.offsets."""
+    delay = 0.5
+    while True:
+        try:
+            await adopt_committed_offsets(
+                settings.kafka.bootstrap_servers, settings.stream.app_id, group, topics
+            )
+            return
+        except KafkaError as exc:
+            log.warning("reading committed offsets failed (%r); retrying in %.1f s", exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 async def _start_consumer(consumer: AIOKafkaConsumer) -> None:
