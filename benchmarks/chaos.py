@@ -729,7 +729,7 @@ def run(args: argparse.Namespace, command: str) -> Result:
     result.by_source = dict(work.by_source)
     result.redeliveries, result.out_of_order_pairs = work.redeliveries, work.out_of_order_pairs
     workdir = Path(tempfile.mkdtemp(prefix="chaos-"))
-    broker = PrivateBroker(workdir / "kafka")
+    broker = PrivateBroker(workdir / "kafka", heap=os.environ.get("LOCAL_KAFKA_HEAP", "768m"))
     suffix = uuid.uuid4().hex[:8]
     app_id = f"chaos-{suffix}"
     raw, output, stale_topic, dead_letter = "chaos.raw", "chaos.events", "chaos.stale", "chaos.dlq"

@@ -6,7 +6,6 @@ Benchmarks are scripts that print figures, not tests; they import nothing from `
 from __future__ import annotations
 
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -15,9 +14,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+from dev.kafka.private import LOCAL_KAFKA, PrivateBroker
+
+__all__ = ["PrivateBroker"]
+
 ROOT = Path(__file__).resolve().parent.parent
 FAUST = Path(sys.executable).with_name("faust")
-LOCAL_KAFKA = ROOT / "dev" / "kafka" / "localkafka.py"
 
 
 def bootstrap_servers() -> str:
@@ -33,58 +35,10 @@ def bootstrap_servers() -> str:
     return started.stdout.strip().splitlines()[-1]
 
 
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free on 127.0.0.1, below the ephemeral range."""
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000)
-        try:
-            with socket.socket() as first, socket.socket() as second:
-                first.bind(("127.0.0.1", port))
-                second.bind(("127.0.0.1", port + 1))
-        except OSError:
-            continue
-        return port
-    raise SystemExit("no free pair of ports on 127.0.0.1")
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-class PrivateBroker:
-    """A private local broker for the run (dev/kafka/localkafka.py)."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port_pair()
-        self.env = {
-            **os.environ,
-            "LOCAL_KAFKA_DIR": str(directory),
-            "LOCAL_KAFKA_PORT": str(self.port),
-            "LOCAL_KAFKA_HEAP": os.environ.get("LOCAL_KAFKA_HEAP", "768m"),
-        }
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        self.log = directory / "broker.log"
-
-    def _run(self, command: str) -> None:
-        result = subprocess.run(
-            [sys.executable, str(LOCAL_KAFKA), command],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise SystemExit(f"broker {command} failed: {result.stderr.strip()}")
-
-    def start(self) -> None:
-        self._run("start")
-
-    def stop(self) -> None:
-        self._run("stop")
 
 
 class WorkerProcess:
@@ -103,6 +57,11 @@ class WorkerProcess:
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None, "not started"
+        return self.process.pid
 
     def ready(self) -> bool:
         url = f"http://127.0.0.1:{self.env['STREAMS_WEB_PORT']}/ready"

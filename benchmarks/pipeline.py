@@ -46,7 +46,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from benchmarks.harness import FAUST, ROOT, bootstrap_servers, metric
+from benchmarks.harness import FAUST, ROOT, WorkerProcess, bootstrap_servers, free_port, metric
 from benchmarks.profile import report
 from streams.delivery import Delivery
 from streams.normalizers import normalize
@@ -351,23 +351,31 @@ def stage_breakdown(port: int) -> str:
     return "\n".join(lines)
 
 
+def start_worker(
+    bootstrap: str, raw_topic: str, workdir: Path, name: str
+) -> tuple[WorkerProcess, int, str]:
+    """`faust -A streams worker` on `raw_topic` with a fresh app id: (worker, web port, output)."""
+    suffix = uuid.uuid4().hex[:8]
+    config, output = worker_config(workdir, suffix, raw_topic)
+    port = free_port()
+    env = {
+        **os.environ,
+        "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "STREAMS_CONFIG": str(config),
+        "STREAMS_DATA_DIR": str(workdir / suffix),
+        "STREAMS_WEB_PORT": str(port),
+    }
+    worker = WorkerProcess(env, workdir / f"{name}-{suffix}.log")
+    worker.start()
+    return worker, port, output
+
+
 def run_pipeline(
     bootstrap: str, raw_topic: str, count: int, workdir: Path, profile: Path | None = None
 ) -> float:
     """Events/s of the full worker; with `profile`, py-spy samples it meanwhile (raw stacks)."""
-    suffix = uuid.uuid4().hex[:8]
-    config, _ = worker_config(workdir, suffix, raw_topic)
-    port = random.Random().randrange(20000, 30000)
-    worker = spawn(
-        [str(FAUST), "-A", "streams", "worker", "-l", "info"],
-        {
-            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-            "STREAMS_CONFIG": str(config),
-            "STREAMS_DATA_DIR": str(workdir / suffix),
-            "STREAMS_WEB_PORT": str(port),
-        },
-        workdir / f"pipeline-{suffix}.log",
-    )
+    worker, port, _ = start_worker(bootstrap, raw_topic, workdir, "pipeline")
+    pid = worker.pid
     profiler: subprocess.Popen[bytes] | None = None
     cpu_at_start: list[float] = []
 
@@ -377,7 +385,7 @@ def run_pipeline(
         if profile is not None and profiler is None:
             profiler = subprocess.Popen(
                 [
-                    *(str(PY_SPY), "record", "--pid", str(worker.pid), "--rate", "200"),
+                    *(str(PY_SPY), "record", "--pid", str(pid), "--rate", "200"),
                     *("--idle", "--nonblocking", "--format", "raw", "--output", str(profile)),
                 ],
                 stdout=subprocess.DEVNULL,
@@ -390,7 +398,7 @@ def run_pipeline(
             """Deliveries read; `count + 1` once each of their events is decided too."""
             received = metric(port, "storage_events_received_total")
             if received > 0 and not cpu_at_start:
-                cpu_at_start.append(cpu_seconds(worker.pid))
+                cpu_at_start.append(cpu_seconds(pid))
                 start_profiler()
             if received < count:
                 return received
@@ -402,7 +410,7 @@ def run_pipeline(
             return count + 1 if decided >= normalized else count
 
         seconds = timed(handled, count + 1, 1800)
-        busy = cpu_seconds(worker.pid) - cpu_at_start[0]
+        busy = cpu_seconds(pid) - cpu_at_start[0]
         print(
             f"  worker CPU {busy:.1f} s in {seconds:.1f} s ({busy / seconds:.0%} of one core; "
             "the rest it waits for Kafka)",
@@ -415,11 +423,11 @@ def run_pipeline(
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
             profiler.wait(60)
-        stop(worker)
+        worker.stop()
 
 
 def run_floor(bootstrap: str, raw_topic: str, count: int, workdir: Path) -> float:
-    port = random.Random().randrange(20000, 30000)
+    port = free_port()
     floor = spawn(
         [str(FAUST), "-A", "benchmarks.engine_floor", "worker", "-l", "info"],
         {
@@ -446,21 +454,9 @@ async def latency(bootstrap: str, rate: float, seconds: float, workdir: Path) ->
     suffix = uuid.uuid4().hex[:8]
     raw_topic = f"bench-lat-raw-{suffix}"
     await create_topics(bootstrap, raw_topic)
-    config, output = worker_config(workdir, suffix, raw_topic)
-    port = random.Random().randrange(20000, 30000)
-    worker = spawn(
-        [str(FAUST), "-A", "streams", "worker", "-l", "info"],
-        {
-            "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-            "STREAMS_CONFIG": str(config),
-            "STREAMS_DATA_DIR": str(workdir / suffix),
-            "STREAMS_WEB_PORT": str(port),
-        },
-        workdir / f"latency-{suffix}.log",
-    )
+    worker, _, output = start_worker(bootstrap, raw_topic, workdir, "latency")
     try:
-        while http_json(f"http://127.0.0.1:{port}/ready") is None:
-            await asyncio.sleep(0.2)
+        worker.wait_ready()
         consumer = AIOKafkaConsumer(
             output,
             bootstrap_servers=bootstrap,
@@ -500,7 +496,7 @@ async def latency(bootstrap: str, rate: float, seconds: float, workdir: Path) ->
         await consumer.stop()
         return sorted(arrived[i] - sent[i] for i in sent if i in arrived)
     finally:
-        stop(worker)
+        worker.stop()
 
 
 SECTIONS = {

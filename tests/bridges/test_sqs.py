@@ -34,7 +34,7 @@ from urllib.parse import unquote_plus
 
 import pytest
 from support.kafka_io import read_topic
-from support.local_broker import LOCAL_KAFKA, free_port_pair
+from support.local_broker import PrivateBroker
 from support.moto_server import aws_client, unique_name
 from support.worker import ROOT, Topology, Worker, free_port, wait_for
 
@@ -481,36 +481,6 @@ def test_in_flight_work_is_bounded_and_shutdown_settles_it_and_releases_the_rest
 
 
 # --- Kafka outage ---------------------------------------------------------------------------
-
-
-class PrivateBroker:
-    """A broker of this test alone, started and stopped with the project's script."""
-
-    def __init__(self, root: Path) -> None:
-        self.env = {
-            **os.environ,
-            "LOCAL_KAFKA_DIR": str(root),
-            "LOCAL_KAFKA_PORT": str(free_port_pair()),
-            "LOCAL_KAFKA_HEAP": "512m",
-        }
-
-    def _run(self, *command: str) -> str:
-        result = subprocess.run(
-            [sys.executable, str(LOCAL_KAFKA), *command],
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout.strip()
-
-    def start(self, fresh: bool = False) -> str:
-        return self._run("start", *(["--fresh"] if fresh else [])).splitlines()[-1]
-
-    def stop(self) -> None:
-        self._run("stop")
 
 
 class Spy:
