@@ -14,6 +14,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
+from streams.config import RAW_RECORD_FRAMING_BYTES
 from streams.producer_errors import RENEW_ON
 from streams.topics import RAW_MAX_MESSAGE_BYTES
 
@@ -23,8 +24,23 @@ log = logging.getLogger(__name__)
 SECRET_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization", "x-api-key"})
 
 
+RAW_RECORD_MAX_BYTES = RAW_MAX_MESSAGE_BYTES - RAW_RECORD_FRAMING_BYTES
+"""Value + header bytes of the largest raw record a bridge writes: what the raw topic takes,
+less Kafka's framing. The webhook's limits keep it there by configuration; a pulled message
+larger than this (a Pub/Sub message may carry 10 MB) is refused before it is sent."""
+
+
 class PublishFailed(Exception):
     """Kafka did not acknowledge the write in time; the provider must deliver again."""
+
+
+class RecordTooLarge(PublishFailed):
+    """The record is over RAW_RECORD_MAX_BYTES: no retry can ever write it."""
+
+
+def headers_size(headers: list[tuple[str, bytes]]) -> int:
+    """Bytes of the header names and values of a record (what bounds it besides its value)."""
+    return sum(len(name.encode("utf-8", errors="replace")) + len(value) for name, value in headers)
 
 
 def raw_headers(
@@ -135,6 +151,12 @@ class RawPublisher:
         self, value: bytes, headers: list[tuple[str, bytes]], key: bytes | None = None
     ) -> None:
         """Write one record; raise PublishFailed unless Kafka acknowledged it in time."""
+        size = len(value) + headers_size(headers) + len(key or b"")
+        if size > RAW_RECORD_MAX_BYTES:
+            raise RecordTooLarge(
+                f"a record of {size} bytes (value, key and headers) is over the raw topic's "
+                f"{RAW_RECORD_MAX_BYTES}"
+            )
         if self._producer is None:
             raise PublishFailed("the publisher is not started")
         try:

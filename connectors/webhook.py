@@ -10,19 +10,24 @@ Every route is configured under `[webhook.routes.<source>]` (`streams.config.Web
 documents each field). Secrets are never in the file: `secret_env` (older name `token_env`)
 and `secondary_secret_env` name environment variables. A route is on when its credentials
 are configured, or when it is `insecure` (or listed in `WEBHOOK_INSECURE_SOURCES`), which is
-for local development only and logged as a warning at start-up; otherwise it answers 404.
+for local development only and logged as a warning at start-up; otherwise it answers 404. A
+secret variable that is unset, empty or only whitespace is missing (a warning at start-up
+names it); an empty credential never matches.
 
 Routes (scheme checked in constant time; config fields of `[webhook.routes.<source>]`):
 
 `POST /hooks/s3` -- S3 -> Amazon SNS HTTP(S) subscription.
     SNS message signature, `SignatureVersion` 1 (SHA1) or 2 (SHA256), verified with the X.509
     certificate at `SigningCertURL` (https, host `sns.<region>.amazonaws.com[.cn]`, `.pem`,
-    valid now, SNS subject, cached); the `TopicArn` must be allowed. A verified
+    valid now, SNS subject, its chain verified up to the system trust store or
+    `trusted_ca_file`, cached); the `TopicArn` must be allowed; no field beside those SNS
+    sends (401 `unsigned-fields`); `Timestamp` at most `max_message_age_s` old (1 h) and 5 min
+    ahead (401 `replayed`); see `connectors.webhook_auth.s3`. A verified
     `SubscriptionConfirmation` is confirmed by a GET of its `SubscribeURL` and answered 200
     (503 when the GET fails); a verified `UnsubscribeConfirmation` is logged and answered 200;
     neither is published. Raw message delivery must be off.
     Fields: `topic_arns` (non-empty turns the route on), `confirm_subscriptions`,
-    `certificate_files`, `trusted_ca_file`, `certificate_cache_s`.
+    `certificate_files`, `trusted_ca_file`, `certificate_cache_s`, `max_message_age_s`.
 `POST /hooks/eventbridge` -- EventBridge API destination.
     The connection's API key header (`ApiKeyName: ApiKeyValue`), or `Authorization: Basic`.
     Fields: `auth` (`api_key` | `basic`), `secret_env`, `secret_header`, `basic_username`.
@@ -60,7 +65,12 @@ Routes (scheme checked in constant time; config fields of `[webhook.routes.<sour
     Fields: `secret_env`, `signature_algorithm`, `replay_window_s`.
 `POST /hooks/appwrite` -- Appwrite webhooks.
     `X-Appwrite-Webhook-Signature` = base64 HMAC-SHA1 of (registered URL + body), keyed with
-    the webhook's signature key. Fields: `secret_env`, `url`.
+    the webhook's signature key. The event header (`X-Appwrite-Webhook-Events`, which says
+    create or delete) is not signed: while a signed body is remembered (`event_memory` bodies
+    for `event_memory_s`, default 10,000 for 24 h, per process) it is admitted again only with
+    the same header, or once as a file delete; a deleted file's body as a create is refused
+    (see `webhook_auth.appwrite` for what this cannot prevent).
+    Fields: `secret_env`, `url`, `event_memory`, `event_memory_s`.
 
 Example (secrets in the environment variables named here):
 
@@ -83,29 +93,61 @@ Example (secrets in the environment variables named here):
     secret_env = "APPWRITE_SIGNATURE_KEY"
     url = "https://hooks.example.com/hooks/appwrite"
 
+Order of checks, cheapest first, each refusing before the next costs anything: route (404),
+method (405), announced Content-Length (413), header budget (431), then what the route can
+check from the head alone (`before_body`: the whole credential for MinIO, Supabase,
+EventBridge, Azure, GCS; the signature headers, their algorithm and the signed timestamp's
+window for B2, Box, Cloudinary, Appwrite), and only then the body is read (bounded in time
+and in bytes held) and the signature over it checked. SNS needs the body first (its signature
+is inside the JSON). So a request without a valid secret is refused before its body is read,
+held or parsed wherever the scheme puts the secret outside the body.
+
 Answers: 202 published; 200 handshake answered (never published); 401 unauthenticated,
-forged, unsigned, truncated or wrong-algorithm signature, replayed (outside the window), or
-an SNS topic not allowed; 400/403 malformed or refused Azure handshake; 404 route off; 405
-method; 413 body over `webhook.max_body_bytes` (default 1 MiB), or too large for a Kafka
-record (a retry could never succeed); 503 Kafka did not acknowledge within
-`webhook.publish_timeout_s` (also while the bridge is still connecting), or a signing
-certificate / Google key set / SNS subscription confirmation could not be fetched, so the
-provider delivers again. Only Box and Cloudinary sign a timestamp, so only they have a replay
-window; other sources' duplicates are dropped by the stream's dedupe.
+forged, unsigned, truncated or wrong-algorithm signature, replayed (outside the window), an
+Appwrite body seen with another event header, or an SNS topic not allowed; 400 a request
+aiohttp cannot parse (including more than 64 header lines or a line over 8,190 bytes), a
+body cut off, an unreadable delivery, or a malformed Azure handshake; 403 a refused Azure
+origin; 404 route off (and `/healthz`, `/metrics` when `webhook.admin_port` is set); 405
+method; 408 body not received whole within `webhook.body_timeout_s` (15 s); 413 body over
+`webhook.max_body_bytes` (default 1 MiB), or too large for a Kafka record (a retry could never
+succeed); 431 headers over `webhook.max_header_bytes` (64 KiB); 503 (with Retry-After) the
+bodies held at once would exceed `webhook.max_bodies_bytes` (64 MiB), or more than
+`webhook.max_connections` (256) connections are open (answered and closed at accept); 503
+Kafka did not acknowledge within `webhook.publish_timeout_s` (also while the bridge is still
+connecting), or a signing certificate / Google key set / SNS subscription confirmation could
+not be fetched, so the provider delivers again. Box, Cloudinary and SNS sign a timestamp, so
+only they have a replay window; other sources' duplicates are dropped by the stream's dedupe.
+
+Resource bounds (public port): at most `max_connections` connections; a connection that has
+not sent a complete request head within `idle_timeout_s` (15 s) of opening or of its previous
+answer is closed (slow headers, idle keep-alive); at most 64 header lines of 8,190 bytes; a
+body must arrive whole within `body_timeout_s` of its head; body bytes held at once across
+requests, beyond each body's first 64 KiB, at most `max_bodies_bytes` (so small deliveries
+still pass while large ones are refused); after an answer sent before the body was read
+whole, the rest is drained for at most 2 s, then the connection is closed. The raw record is
+bounded as a whole: `max_body_bytes + max_header_bytes` plus 16 KiB of framing must fit the
+raw topic's record limit (`streams.topics.RAW_MAX_MESSAGE_BYTES`), checked at start-up.
 
 Published record: value = the body as received; headers per the raw-topic contract
 (`streams.records`): `source`, `transport` (`webhook`), `delivery-id`, `received-at`,
 `header.<lower-case name>` for every HTTP header except credentials (`authorization`,
-`cookie`, `x-api-key`, and the route's own secret header). The query string is not published.
+`cookie`, `x-api-key`, and the route's own secret header). The query string is not published
+and not logged: the access log writes the path and the query's parameter names only
+(`/hooks/azure?code=***`).
 
     GET /healthz   200 while the bridge runs (`kafka`: whether the producer is connected)
     GET /metrics   Prometheus: bridge_webhook_accepted, bridge_webhook_rejected{reason},
-                   bridge_webhook_handshakes{kind}, bridge_webhook_publish_seconds
+                   bridge_webhook_handshakes{kind}, bridge_webhook_publish_seconds,
+                   bridge_webhook_connections, bridge_webhook_bodies_held_bytes
+On the public port unless `webhook.admin_port` (env WEBHOOK_ADMIN_PORT, host
+`webhook.admin_host` / WEBHOOK_ADMIN_HOST, default `host`) is set: then only there.
 
 `rejected` reasons: no-route, method-not-allowed, too-large, too-large-for-kafka,
-missing-credentials, bad-credentials, missing-signature, bad-signature, wrong-algorithm,
-replayed, malformed, unknown-topic, bad-certificate, certificate-unavailable,
-confirmation-failed, bad-token, keys-unavailable, origin-not-allowed, kafka-unavailable.
+headers-too-large, bodies-over-budget, body-timeout, incomplete, too-many-connections (source
+`?`), unreadable, missing-credentials, bad-credentials, missing-signature, bad-signature,
+wrong-algorithm, replayed, malformed, unsigned-fields, event-mismatch, unknown-topic,
+bad-certificate, certificate-unavailable, confirmation-failed, bad-token, keys-unavailable,
+origin-not-allowed, kafka-unavailable.
 Handshake kinds: subscription-confirmation, unsubscribe-confirmation (s3),
 subscription-validation, subscription-deletion, abuse-protection (azure).
 """
@@ -115,23 +157,36 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
 import os
+import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from urllib.parse import quote
 
 from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import HttpProcessingError
 from aiokafka.errors import MessageSizeTooLargeError
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from yarl import URL
 
 from connectors.command import BridgeCommand
-from connectors.publisher import PublishFailed, RawPublisher, raw_headers
+from connectors.publisher import (
+    PublishFailed,
+    RawPublisher,
+    RecordTooLarge,
+    headers_size,
+    raw_headers,
+)
 from connectors.webhook_auth import Authenticator, RequestFacts, Services, build_authenticator
-from connectors.webhook_auth.base import PUBLISH, REJECT
+from connectors.webhook_auth.base import PUBLISH, REJECT, ChecksBeforeBody, Verdict
 from streams.config import ConfigError, Settings, WebhookConfig, WebhookRouteConfig
 from streams.normalizers import SOURCES
 
@@ -146,9 +201,35 @@ HANDSHAKES = Counter("bridge_webhook_handshakes", "Handshakes answered", ["sourc
 PUBLISH_SECONDS = Histogram(
     "bridge_webhook_publish_seconds", "From request to Kafka acknowledgement", ["source"]
 )
+BODIES_HELD = Gauge(
+    "bridge_webhook_bodies_held_bytes",
+    "Body bytes held against webhook.max_bodies_bytes (beyond each body's first 64 KiB)",
+)
+
+CONNECTIONS = Gauge("bridge_webhook_connections", "Connections open on the public port")
 
 # What `web.json_response({"accepted": True}, status=202)` sends, serialised once.
 ACCEPTED_TEXT = json.dumps({"accepted": True})
+
+MAX_HEADERS = 64
+"""Header lines a request may have (aiohttp answers 400 past it): providers send about 10-20,
+proxies add a few. With aiohttp's 8,190 bytes per line it bounds what one connection's head
+can hold while it is parsed (about 520 KB)."""
+MAX_FIELD_BYTES = 8190
+LINGER_S = 2.0
+"""After an answer sent before the body was read whole (401, 408, 503, 413), how long the
+rest of the body is read and discarded before the connection is closed: enough for a client
+to see the answer instead of a reset, short enough that a stalled sender goes soon."""
+READ_BUFFER_BYTES = 64 * 1024
+"""aiohttp buffers up to twice this per connection before it stops reading the socket
+(default 256 KiB: 512 KiB a connection, outside any budget); with 64 KiB, what a connection
+holds besides its counted body is about 128 KiB."""
+RETRY_AFTER_S = "5"
+REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
+    b"Connection: close\r\n\r\n"
+)
+"""What a connection over `webhook.max_connections` gets before it is closed."""
 
 
 @functools.cache
@@ -162,11 +243,70 @@ def _publish_seconds(source: str) -> Histogram:
     return PUBLISH_SECONDS.labels(source)
 
 
+@dataclass
+class BodyBudget:
+    """Body bytes held at once across requests, beyond each body's first `free` bytes (those
+    are bounded by the connection cap instead). Bytes are held from when a body is read (or
+    announced by Content-Length) until Kafka acknowledged it or it was refused."""
+
+    limit: int
+    free: int
+    held: int = 0
+
+    def hold(self) -> BodyHold:
+        return BodyHold(self)
+
+
+@dataclass
+class BodyHold:
+    """One request's share of a BodyBudget; given back when the `with` block ends."""
+
+    budget: BodyBudget
+    taken: int = 0
+
+    def cover(self, size: int) -> bool:
+        """Hold what a body of `size` bytes needs; False when the budget cannot."""
+        need = max(size - self.budget.free, 0) - self.taken
+        if need <= 0:
+            return True
+        if self.budget.held + need > self.budget.limit:
+            return False
+        self.budget.held += need
+        self.taken += need
+        BODIES_HELD.set(self.budget.held)
+        return True
+
+    def __enter__(self) -> BodyHold:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        self.budget.held -= self.taken
+        self.taken = 0
+        BODIES_HELD.set(self.budget.held)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may take (webhook settings, see streams.config.WebhookConfig)."""
+
+    max_body_bytes: int
+    max_header_bytes: int
+    body_timeout_s: float
+    publish_timeout_s: float
+
+
 PUBLISHER_KEY = web.AppKey("publisher", RawPublisher)
 SERVICES_KEY = web.AppKey("services", Services)
 READY_KEY = web.AppKey("kafka_ready", asyncio.Event)
-MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
-TIMEOUT_KEY = web.AppKey("publish_timeout_s", float)
+LIMITS_KEY = web.AppKey("limits", Limits)
+BUDGET_KEY = web.AppKey("bodies", BodyBudget)
+
+Precheck = Callable[[RequestFacts], Awaitable[Verdict | None]]
 
 
 @dataclass(frozen=True)
@@ -174,6 +314,8 @@ class Route:
     source: str
     authenticator: Authenticator
     insecure: bool
+    precheck: Precheck | None = None
+    """The authenticator's `before_body`, when its scheme can refuse from the head."""
 
 
 ROUTES_KEY: web.AppKey[dict[str, Route]] = web.AppKey("routes")
@@ -201,7 +343,10 @@ def build_routes(
                 "(configured as insecure: local development only)",
                 source,
             )
-        routes[source] = Route(source, authenticator, not authenticated)
+        precheck = (
+            authenticator.before_body if isinstance(authenticator, ChecksBeforeBody) else None
+        )
+        routes[source] = Route(source, authenticator, not authenticated, precheck)
     return routes
 
 
@@ -215,22 +360,87 @@ def _request_facts(request: web.Request, body: bytes, now: float) -> RequestFact
     return RequestFacts(request.method, str(request.url), query, headers, body, now)
 
 
-async def _read_body(request: web.Request, source: str, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        REJECTED.labels(source, "too-large").inc()
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
+def _busy(source: str, reason: str, detail: str) -> web.Response:
+    REJECTED.labels(source, reason).inc()
+    log.warning("refused delivery to /hooks/%s (503 %s): %s", source, reason, detail)
+    return web.Response(
+        status=503, text="busy; deliver again later\n", headers={"Retry-After": RETRY_AFTER_S}
+    )
+
+
+async def _read_body(
+    request: web.Request, source: str, limits: Limits, hold: BodyHold
+) -> bytes | web.Response:
+    """The whole body within `body_timeout_s`, its bytes held in `hold`; else the answer
+    (408, 413, 503, 400).
+
+    Answers are returned, not raised: a raised HTTPException keeps its traceback, whose
+    frames hold the body read so far, in a reference cycle with aiohttp's handler frame. Only
+    the cyclic garbage collector frees those, rarely (bytes do not count towards its
+    thresholds): a bridge answering stalled senders 408 grew by their bodies, wave after wave.
+    """
+    limit = limits.max_body_bytes
+    declared = request.content_length
+    if declared is not None and not hold.cover(declared):
+        return _busy(source, "bodies-over-budget", f"no room for a body of {declared} bytes")
     # StreamReader.read(n) returns what is buffered (up to n), not n: loop until the end, or
-    # until one byte over the limit.
-    body = bytearray()
-    while len(body) <= limit:
-        chunk = await request.content.read(limit + 1 - len(body))
-        if not chunk:
-            break
-        body += chunk
-    if len(body) > limit:
+    # until one byte over the limit. Chunks joined once at the end: growing one buffer by
+    # reallocation fragments the heap (a bridge under attack kept growing wave after wave).
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            while size <= limit:
+                chunk = await request.content.read(limit + 1 - size)
+                if not chunk:
+                    break
+                if not hold.cover(size + len(chunk)):
+                    return _busy(source, "bodies-over-budget", "no room for the rest of a body")
+                chunks.append(chunk)
+                size += len(chunk)
+    except TimeoutError:
+        chunks.clear()
+        REJECTED.labels(source, "body-timeout").inc()
+        log.info(
+            "refused delivery to /hooks/%s (408 body-timeout): %d bytes in %.0f s, not whole",
+            source,
+            size,
+            limits.body_timeout_s,
+        )
+        return web.Response(status=408, text="body not received in time\n")
+    except (OSError, HttpProcessingError) as exc:  # the client went away or broke the framing
+        chunks.clear()
+        REJECTED.labels(source, "incomplete").inc()
+        log.info("delivery to /hooks/%s ended before its body did: %r", source, exc)
+        return web.Response(status=400, text="incomplete body\n")
+    if size > limit:
         REJECTED.labels(source, "too-large").inc()
-        raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=len(body))
-    return bytes(body)
+        return web.Response(status=413, text="body too large\n")
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _refused(source: str, verdict: Verdict) -> web.Response:
+    REJECTED.labels(source, verdict.reason).inc()
+    log.info(
+        "refused delivery to /hooks/%s (%d %s): %s",
+        source,
+        verdict.status,
+        verdict.reason,
+        verdict.detail,
+    )
+    text = "unauthenticated\n" if verdict.status == 401 else f"{verdict.reason}\n"
+    return web.Response(status=verdict.status, text=text)
+
+
+async def _decide(source: str, check: Awaitable[Verdict | None]) -> Verdict | None:
+    """An authenticator's answer; a bug in it (any exception) refuses the request with one
+    log line: it must neither publish nor answer 500, nor write a traceback per request."""
+    try:
+        return await check
+    except Exception as exc:
+        log.error("authenticating a delivery to /hooks/%s failed: %r", source, exc)
+        log.debug("the authenticator's traceback", exc_info=True)
+        return Verdict(REJECT, 400, "unreadable", "")
 
 
 async def receive(request: web.Request) -> web.StreamResponse:
@@ -244,50 +454,61 @@ async def receive(request: web.Request) -> web.StreamResponse:
     if request.method not in methods:
         REJECTED.labels(source, "method-not-allowed").inc()
         raise web.HTTPMethodNotAllowed(request.method, sorted(methods))
-    body = await _read_body(request, source, request.app[MAX_BODY_KEY])
-    services = request.app[SERVICES_KEY]
-    try:
-        verdict = await route.authenticator.authenticate(
-            _request_facts(request, body, services.clock())
-        )
-    except Exception:
-        # A bug in an authenticator must neither publish nor answer 500 to a bad delivery.
-        log.exception("authenticating a delivery to /hooks/%s failed", source)
-        REJECTED.labels(source, "unreadable").inc()
-        return web.Response(status=400, text="unreadable delivery\n")
-    if verdict.outcome == REJECT:
-        REJECTED.labels(source, verdict.reason).inc()
-        log.info(
-            "refused delivery to /hooks/%s (%d %s): %s",
-            source,
-            verdict.status,
-            verdict.reason,
-            verdict.detail,
-        )
-        text = "unauthenticated\n" if verdict.status == 401 else f"{verdict.reason}\n"
-        return web.Response(status=verdict.status, text=text)
-    if verdict.outcome != PUBLISH:
-        HANDSHAKES.labels(source, verdict.reason).inc()
-        log.info("answered %s handshake on /hooks/%s %s", verdict.reason, source, verdict.detail)
-        content_type = verdict.content_type if verdict.body else None
-        return web.Response(
-            status=verdict.status,
-            body=verdict.body,
-            headers=verdict.headers,
-            content_type=content_type,
-        )
-    return await _publish(request, route, body)
-
-
-async def _publish(request: web.Request, route: Route, body: bytes) -> web.Response:
-    source = route.source
-    started = time.monotonic()
+    limits = request.app[LIMITS_KEY]
+    declared = request.content_length
+    if declared is not None and declared > limits.max_body_bytes:
+        REJECTED.labels(source, "too-large").inc()
+        raise web.HTTPRequestEntityTooLarge(max_size=limits.max_body_bytes, actual_size=declared)
     hidden = route.authenticator.secret_headers
     forwarded = {
         name: value for name, value in request.headers.items() if name.lower() not in hidden
     }
     headers = raw_headers(source, "webhook", forwarded)
-    timeout = request.app[TIMEOUT_KEY]
+    header_bytes = headers_size(headers)
+    if header_bytes > limits.max_header_bytes:
+        REJECTED.labels(source, "headers-too-large").inc()
+        log.info(
+            "refused delivery to /hooks/%s (431 headers-too-large): %d header bytes, over %d",
+            source,
+            header_bytes,
+            limits.max_header_bytes,
+        )
+        return web.Response(status=431, text="request headers too large\n")
+    head = _request_facts(request, b"", request.app[SERVICES_KEY].clock())
+    if route.precheck is not None:
+        early = await _decide(source, route.precheck(head))
+        if early is not None:
+            return _refused(source, early)
+    with request.app[BUDGET_KEY].hold() as hold:
+        body = await _read_body(request, source, limits, hold)
+        if isinstance(body, web.Response):
+            return body
+        facts = dataclasses.replace(head, body=body)
+        verdict = await _decide(source, route.authenticator.authenticate(facts))
+        assert verdict is not None  # authenticate always decides
+        if verdict.outcome == REJECT:
+            return _refused(source, verdict)
+        if verdict.outcome != PUBLISH:
+            HANDSHAKES.labels(source, verdict.reason).inc()
+            log.info(
+                "answered %s handshake on /hooks/%s %s", verdict.reason, source, verdict.detail
+            )
+            content_type = verdict.content_type if verdict.body else None
+            return web.Response(
+                status=verdict.status,
+                body=verdict.body,
+                headers=verdict.headers,
+                content_type=content_type,
+            )
+        return await _publish(request, route, body, headers)
+
+
+async def _publish(
+    request: web.Request, route: Route, body: bytes, headers: list[tuple[str, bytes]]
+) -> web.Response:
+    source = route.source
+    started = time.monotonic()
+    timeout = request.app[LIMITS_KEY].publish_timeout_s
     try:
         ready = request.app[READY_KEY]
         if not ready.is_set():
@@ -300,7 +521,8 @@ async def _publish(request: web.Request, route: Route, body: bytes) -> web.Respo
         async with asyncio.timeout(remaining):
             await request.app[PUBLISHER_KEY].publish(body, headers)
     except (PublishFailed, TimeoutError) as exc:
-        if isinstance(exc.__cause__, MessageSizeTooLargeError):
+        # Answers returned, not raised (see _read_body): the body must not outlive the request.
+        if isinstance(exc, RecordTooLarge) or isinstance(exc.__cause__, MessageSizeTooLargeError):
             # Permanent: a retry would fail the same way, so no 503 (endless redelivery).
             REJECTED.labels(source, "too-large-for-kafka").inc()
             log.error(
@@ -310,12 +532,10 @@ async def _publish(request: web.Request, route: Route, body: bytes) -> web.Respo
                 source,
                 len(body),
             )
-            raise web.HTTPRequestEntityTooLarge(
-                max_size=request.app[MAX_BODY_KEY], actual_size=len(body)
-            ) from None
+            return web.Response(status=413, text="too large for a Kafka record\n")
         REJECTED.labels(source, "kafka-unavailable").inc()
         log.warning("delivery to /hooks/%s not acknowledged by Kafka: %s", source, exc)
-        raise web.HTTPServiceUnavailable(text="not stored; deliver again\n") from None
+        return web.Response(status=503, text="not stored; deliver again\n")
     _publish_seconds(source).observe(time.monotonic() - started)
     _accepted(source).inc()
     return web.Response(status=202, text=ACCEPTED_TEXT, content_type="application/json")
@@ -335,15 +555,23 @@ def create_app(
     environ: Mapping[str, str] | None = None,
     services: Services | None = None,
 ) -> web.Application:
-    """The bridge's aiohttp application; `services` (clock, outbound HTTP) for tests."""
+    """The bridge's aiohttp application; `services` (clock, outbound HTTP) for tests.
+
+    With `webhook.admin_port` set, `/healthz` and `/metrics` are not on it (404) but on
+    `create_admin_app(app)`."""
     services = services or Services()
     config = settings.webhook
     app = web.Application(client_max_size=config.max_body_bytes + 1)
     app[PUBLISHER_KEY] = publisher
     app[SERVICES_KEY] = services
     app[ROUTES_KEY] = build_routes(config, environ, services)
-    app[MAX_BODY_KEY] = config.max_body_bytes
-    app[TIMEOUT_KEY] = config.publish_timeout_s
+    app[LIMITS_KEY] = Limits(
+        config.max_body_bytes,
+        config.max_header_bytes,
+        config.body_timeout_s,
+        config.publish_timeout_s,
+    )
+    app[BUDGET_KEY] = BodyBudget(config.max_bodies_bytes, config.SMALL_BODY_BYTES)
     app[READY_KEY] = asyncio.Event()
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
@@ -370,27 +598,269 @@ def create_app(
     app.cleanup_ctx.append(lifecycle)
     for method in ("POST", "OPTIONS", "GET", "PUT", "PATCH", "DELETE"):
         app.router.add_route(method, "/hooks/{source}", receive)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/metrics", metrics)
+    if config.admin_port is None:
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/metrics", metrics)
     return app
 
 
-def serve(settings: Settings) -> None:
-    """Run the webhook server until SIGINT/SIGTERM; in-flight requests finish first."""
+def create_admin_app(app: web.Application) -> web.Application:
+    """`/healthz` and `/metrics` of the bridge `app`, for `webhook.admin_port`."""
+    admin = web.Application()
+    admin[READY_KEY] = app[READY_KEY]
+    admin.router.add_get("/healthz", healthz)
+    admin.router.add_get("/metrics", metrics)
+    return admin
+
+
+def redacted_target(url: URL) -> str:
+    """The request target for the access log: the path as received, and the query string's
+    parameter names only (`?code=***`): Azure's `code`, a GCS `token` or any route's
+    `secret_query_param` carry the route's secret."""
+    target = url.raw_path
+    if url.query:
+        target += "?" + "&".join(f"{quote(name, safe='')}=***" for name in url.query)
+    return target
+
+
+class RedactedAccessLogger(AbstractAccessLogger):
+    """One line per request (client, method, target, status, bytes, seconds), query values
+    redacted; aiohttp's default logs the request line, secrets included."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.logger.isEnabledFor(logging.INFO)
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info(
+            '%s "%s %s" %d %d %.3fs',
+            request.remote,
+            request.method,
+            redacted_target(request.rel_url),
+            response.status,
+            response.body_length,
+            time,
+        )
+
+
+class _Refuse(asyncio.Protocol):
+    """A connection over the cap: 503, closed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(REFUSAL)
+        transport.close()
+
+
+@dataclass
+class ConnectionGate:
+    """Connections open on a site, counted from accept to close: asyncio calls the protocol
+    factory for a whole burst of accepts before any `connection_made`, so the count must be
+    taken in the factory, not from the server's registered connections."""
+
+    limit: int
+    open: int = 0
+
+
+class _Counted(asyncio.Protocol):
+    """aiohttp's protocol for one connection, with the gate's count given back on close."""
+
+    __slots__ = ("_gate", "_inner")
+
+    def __init__(self, inner: asyncio.Protocol, gate: ConnectionGate) -> None:
+        self._inner, self._gate = inner, gate
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._gate.open -= 1
+        CONNECTIONS.set(self._gate.open)
+        self._inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+class BoundedSite(web.BaseSite):
+    """A TCP site that serves at most `max_connections` connections at once; one more is
+    answered 503 and closed (aiohttp's own sites accept every connection)."""
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, max_connections: int) -> None:
+        super().__init__(runner)
+        self._host, self._port = host, port
+        self.gate = ConnectionGate(max_connections)
+        self._listening: asyncio.Server | None = None
+
+    @property
+    def name(self) -> str:
+        return str(URL.build(scheme="http", host=self._host, port=self.port))
+
+    @property
+    def port(self) -> int:
+        """The bound port (the configured one, or the one the OS chose for 0)."""
+        if self._listening is not None and self._listening.sockets:
+            bound: int = self._listening.sockets[0].getsockname()[1]
+            return bound
+        return self._port
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        gate = self.gate
+
+        def protocol() -> asyncio.BaseProtocol:
+            if gate.open >= gate.limit:
+                REJECTED.labels("?", "too-many-connections").inc()
+                return _Refuse()
+            gate.open += 1
+            CONNECTIONS.set(gate.open)
+            return _Counted(server(), gate)
+
+        self._listening = await asyncio.get_running_loop().create_server(
+            protocol, self._host, self._port, backlog=self._backlog, reuse_address=True
+        )
+        self._server = self._listening
+
+
+class OneLine(logging.Filter):
+    """Requests aiohttp cannot parse (too many headers, a bad request line) are logged by
+    aiohttp with a traceback each: an attacker's flood of them would be a flood of
+    tracebacks. Keep the line and the error, drop the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {type(error).__name__}: {error}".replace(
+                "\n", " "
+            )
+            record.args = None
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _server_logger() -> logging.Logger:
+    logger = logging.getLogger("connectors.webhook.http")
+    if not any(isinstance(existing, OneLine) for existing in logger.filters):
+        logger.addFilter(OneLine())
+    return logger
+
+
+def server_options(config: WebhookConfig) -> dict[str, object]:
+    """aiohttp's per-connection bounds for the public port (see the module docstring)."""
+    return {
+        "logger": _server_logger(),
+        "access_log_class": RedactedAccessLogger,
+        "keepalive_timeout": config.idle_timeout_s,
+        "max_line_size": MAX_FIELD_BYTES,
+        "max_field_size": MAX_FIELD_BYTES,
+        "max_headers": MAX_HEADERS,
+        "lingering_time": LINGER_S,
+        "read_bufsize": READ_BUFFER_BYTES,
+        "shutdown_timeout": 30.0,
+    }
+
+
+@dataclass
+class RunningBridge:
+    """The bridge's servers, started; `stop()` finishes requests in flight first."""
+
+    public: BoundedSite
+    runners: list[web.AppRunner] = field(default_factory=list)
+    admin: web.TCPSite | None = None
+
+    @property
+    def port(self) -> int:
+        return self.public.port
+
+    @property
+    def admin_port(self) -> int | None:
+        return None if self.admin is None else self.admin.port
+
+    async def stop(self) -> None:
+        for runner in self.runners:
+            await runner.cleanup()
+
+
+async def start_bridge(
+    settings: Settings,
+    publisher: RawPublisher,
+    environ: Mapping[str, str] | None = None,
+    services: Services | None = None,
+    port: int | None = None,
+    admin_port: int | None = None,
+) -> RunningBridge:
+    """Start the public port (and the admin port when configured) as `serve` does; `port`,
+    `admin_port` override the configured ones (0: any free port, for tests)."""
+    config = settings.webhook
+    app = create_app(settings, publisher, environ, services)
+    runner = web.AppRunner(app, **server_options(config))  # type: ignore[arg-type]
+    await runner.setup()
+    public = BoundedSite(
+        runner, config.host, config.port if port is None else port, config.max_connections
+    )
+    bridge = RunningBridge(public, [runner])
+    try:
+        await public.start()
+        if config.admin_port is not None:
+            admin_runner = web.AppRunner(
+                create_admin_app(app), access_log_class=RedactedAccessLogger
+            )
+            await admin_runner.setup()
+            bridge.runners.append(admin_runner)
+            bridge.admin = web.TCPSite(
+                admin_runner,
+                config.admin_host or config.host,
+                config.admin_port if admin_port is None else admin_port,
+            )
+            await bridge.admin.start()
+    except BaseException:
+        await bridge.stop()
+        raise
+    return bridge
+
+
+async def _serve(settings: Settings) -> None:
     config = settings.webhook
     publisher = RawPublisher(
         settings.kafka.bootstrap_servers, config.raw_topic, config.publish_timeout_s
     )
-    app = create_app(settings, publisher)
-    on: dict[str, Route] = app[ROUTES_KEY]
+    bridge = await start_bridge(settings, publisher)
+    on: dict[str, Route] = bridge.runners[0].app[ROUTES_KEY]
     routes = sorted(on)
     log.info(
-        "webhook bridge on http://%s:%d, routes on: %s",
+        "webhook bridge on http://%s:%d, routes on: %s; /healthz and /metrics on %s",
         config.host,
-        config.port,
+        bridge.port,
         ", ".join(f"/hooks/{source}" for source in routes) or "none",
+        f"http://{config.admin_host or config.host}:{bridge.admin_port}"
+        if bridge.admin_port is not None
+        else "the same port",
     )
-    web.run_app(app, host=config.host, port=config.port, print=None, shutdown_timeout=30)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stopping.set)
+    try:
+        await stopping.wait()
+    finally:
+        log.info("webhook bridge stopping: finishing requests in flight")
+        await bridge.stop()
+
+
+def serve(settings: Settings) -> None:
+    """Run the webhook server until SIGINT/SIGTERM; in-flight requests finish first."""
+    asyncio.run(_serve(settings))
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,10 +18,11 @@ from datetime import timedelta
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import CorruptRecordException, IllegalStateError, KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from fileevents.deadletter import DeadLetterWriter
+from fileevents.codec import UnreadableRecord
+from fileevents.deadletter import DeadLetterWriter, describe
 from fileevents.dedupe import DedupeStore
 from fileevents.errors import OnError, log_failure
 from fileevents.partition import PartitionWorker
@@ -36,6 +37,10 @@ _FIXED_CONSUMER_SETTINGS = frozenset(
 )
 _FIXED_PRODUCER_SETTINGS = frozenset({"bootstrap_servers", "acks", "enable_idempotence"})
 _FETCH_TIMEOUT_MS = 200
+_CAREFUL_FETCH_TIMEOUT_MS = 1000
+_UNREADABLE = (CorruptRecordException, UnicodeDecodeError)
+"""What `getmany` raises for a record it cannot parse: aiokafka's Python record reader wraps
+the cause in `CorruptRecordException`, its C reader lets a `UnicodeDecodeError` out."""
 
 
 def default_topic(instance: str) -> str:
@@ -117,6 +122,7 @@ class FileEvents:
         self._committed: dict[TopicPartition, int] = {}
         self._commit_lock = asyncio.Lock()
         self._to_commit = asyncio.Event()
+        self._reset_earliest = True
 
     # -- registration -------------------------------------------------------------------
 
@@ -175,6 +181,7 @@ class FileEvents:
             **self.producer_config,
         )
         settings: dict[str, Any] = {"auto_offset_reset": "earliest", **self.consumer_config}
+        self._reset_earliest = settings["auto_offset_reset"] == "earliest"
         # As in the Java client: a rebalance waits for a member's revoke callback (the
         # events in progress) as long as a poll may take, not only a session timeout.
         settings.setdefault("rebalance_timeout_ms", settings.get("max_poll_interval_ms", 300_000))
@@ -239,19 +246,86 @@ class FileEvents:
                 if worker.paused and worker.backlog <= self.max_buffered // 2:
                     consumer.resume(worker.tp)
                     worker.paused = False
-            batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS)
+            try:
+                batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS)
+            except _UNREADABLE as exc:
+                await self._step_past_unreadable(consumer, exc)
+                continue
             for tp, records in batches.items():
-                owner = self._workers.get(tp)
-                if owner is None:
-                    # Assigned but not announced yet, or being revoked: not ours to handle
-                    # now. Fetch them again later rather than skip them.
-                    with contextlib.suppress(IllegalStateError):
-                        consumer.seek(tp, records[0].offset)
+                self._hand_out(consumer, tp, records)
+
+    def _hand_out(
+        self,
+        consumer: AIOKafkaConsumer,
+        tp: TopicPartition,
+        records: list[ConsumerRecord[bytes, bytes]],
+    ) -> None:
+        owner = self._workers.get(tp)
+        if owner is None:
+            # Assigned but not announced yet, or being revoked: not ours to handle
+            # now. Fetch them again later rather than skip them.
+            with contextlib.suppress(IllegalStateError):
+                consumer.seek(tp, records[0].offset)
+            return
+        owner.add(records)
+        if owner.backlog >= self.max_buffered and not owner.paused:
+            consumer.pause(tp)
+            owner.paused = True
+
+    async def _step_past_unreadable(self, consumer: AIOKafkaConsumer, error: Exception) -> None:
+        """aiokafka could not parse a fetched record (a header name that is not UTF-8, a
+        bad CRC): it raises from `getmany` on every try without naming the partition, and
+        drops the records it had read for every partition in that call. So: rewind every
+        partition to the record its worker expects next, then read each one record at a
+        time; the offset from which reading fails, when reading from one past it works, is
+        the unreadable record's, which goes to its worker as an `UnreadableRecord` (and so
+        to the dead-letter topic, in offset order, then committed)."""
+        logger.warning("a fetched record cannot be read (%s): reading one at a time", error)
+        for tp, worker in list(self._workers.items()):
+            with contextlib.suppress(IllegalStateError):
+                if worker.next_offset >= 0:
+                    consumer.seek(tp, worker.next_offset)
                     continue
-                owner.add(records)
-                if owner.backlog >= self.max_buffered and not owner.paused:
-                    consumer.pause(tp)
-                    owner.paused = True
+                # Nothing queued yet: where this member started, the group's offset.
+                committed = (await consumer.seek_to_committed(tp)).get(tp)
+                if committed == 0:
+                    consumer.seek(tp, 0)
+                elif committed is None and self._reset_earliest:
+                    await consumer.seek_to_beginning(tp)
+        for tp in list(self._workers):
+            await self._read_carefully(consumer, tp)
+
+    async def _read_carefully(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
+        """Read `tp` one record at a time, up to `max_buffered` records or its end."""
+        failed: list[int] = []
+        reason = ""
+        for _ in range(self.max_buffered + 1):
+            worker = self._workers.get(tp)
+            if worker is None or worker.paused or self._stop_requested.is_set():
+                return
+            try:
+                position = await consumer.position(tp)
+                try:
+                    batches = await consumer.getmany(
+                        tp, timeout_ms=_CAREFUL_FETCH_TIMEOUT_MS, max_records=1
+                    )
+                except _UNREADABLE as exc:
+                    failed.append(position)
+                    reason = describe(exc)
+                    consumer.seek(tp, position + 1)
+                    continue
+            except IllegalStateError:
+                return  # revoked meanwhile
+            records = batches.get(tp, [])
+            if failed:
+                worker.add([UnreadableRecord.at(tp, failed[0], failed[-1], reason)])
+                failed = []
+            if not records:
+                return
+            self._hand_out(consumer, tp, records)
+        worker = self._workers.get(tp)
+        if failed and worker is not None:
+            worker.add([UnreadableRecord.at(tp, failed[0], failed[-1], reason)])
 
     async def _process(self, record: ConsumerRecord[bytes, bytes], stopping: asyncio.Event) -> bool:
         assert self._processor is not None

@@ -35,15 +35,24 @@ class EventContext:
 
     @classmethod
     def of(cls, record: ConsumerRecord[bytes, bytes], group_id: str) -> EventContext:
-        """The context of a record just read."""
+        """The context of a record just read, whatever it holds: never raises.
+
+        Handlers only see records whose key is UTF-8 and whose headers all have a value
+        (fileevents.codec refuses the others), so for them this is exactly what was read.
+        For a malformed record, which only `on_error` sees, a key that is not UTF-8 has
+        U+FFFD where its bytes were not, and a null header value reads as `b""`; the
+        dead-letter topic gets the record itself, unchanged.
+        """
         key = record.key
         return cls(
             topic=record.topic,
             partition=record.partition,
             offset=record.offset,
-            key=None if key is None else key.decode("utf-8", errors="surrogateescape"),
+            key=None if key is None else key.decode("utf-8", errors="replace"),
             value=record.value,
-            headers=tuple((name, bytes(value)) for name, value in record.headers),
+            headers=tuple(
+                (name, b"" if value is None else bytes(value)) for name, value in record.headers
+            ),
             timestamp_ms=record.timestamp,
             group_id=group_id,
         )

@@ -35,6 +35,11 @@ class PartitionWorker:
         self._task = asyncio.create_task(self._run(), name=f"fileevents:{tp.topic}[{tp.partition}]")
 
     @property
+    def next_offset(self) -> int:
+        """The offset after the last record queued, or -1 before the first one."""
+        return self._next_offset
+
+    @property
     def backlog(self) -> int:
         """Records fetched and not handled yet."""
         return len(self._records)

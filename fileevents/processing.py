@@ -17,9 +17,9 @@ from typing import TypeVar
 
 from aiokafka.structs import ConsumerRecord
 
-from fileevents.codec import decode_event
+from fileevents.codec import UnreadableRecord, decode_record
 from fileevents.context import EventContext
-from fileevents.deadletter import DeadLetterWriter
+from fileevents.deadletter import DeadLetterWriter, describe
 from fileevents.dedupe import DedupeStore
 from fileevents.errors import (
     DEAD_LETTER,
@@ -50,6 +50,9 @@ class Outcome(enum.Enum):
     """The dedupe store already held the event's id: no handler ran."""
     DEAD_LETTERED = "dead_lettered"
     """A handler kept failing (or the record is not an event): it is on the dead-letter topic."""
+    TOMBSTONE = "tombstone"
+    """The record has no value: Kafka's deletion marker of a compacted topic, not an event.
+    Skipped (nothing to handle, nothing to keep), committed and counted."""
     INTERRUPTED = "interrupted"
     """Stopped before the record was done with: it must not be committed."""
 
@@ -89,16 +92,26 @@ class EventProcessor:
         """Handle `record`; once `stopping` is set, finish the running attempt, no more."""
         context = EventContext.of(record, self._group_id)
         try:
-            return await self._process(context, stopping)
+            return await self._process(record, context, stopping)
         except _Interrupted:
             return Outcome.INTERRUPTED
 
-    async def _process(self, context: EventContext, stopping: asyncio.Event) -> Outcome:
+    async def _process(
+        self, record: ConsumerRecord[bytes, bytes], context: EventContext, stopping: asyncio.Event
+    ) -> Outcome:
+        if record.value is None and not isinstance(record, UnreadableRecord):
+            logger.debug(
+                "%s[%d]@%d skipped: a tombstone", context.topic, context.partition, context.offset
+            )
+            return Outcome.TOMBSTONE
         try:
-            event = decode_event(context.value)
-        except EventDecodeError as exc:
-            await self._report(Failure(None, context, DECODE, exc, attempt=1, final=True))
-            await self._dead_letter(None, context, DECODE, exc, 1, stopping)
+            event = decode_record(record)
+        except Exception as exc:
+            # Whatever reading a hostile record raises, it is that record's fault: retrying
+            # cannot help, and letting it out would stop the partition at it for good.
+            malformed = exc if isinstance(exc, EventDecodeError) else _unreadable(exc)
+            await self._report(Failure(None, context, DECODE, malformed, attempt=1, final=True))
+            await self._dead_letter(record, None, context, DECODE, malformed, 1, stopping)
             return Outcome.DEAD_LETTERED
 
         pending = self._registry.for_event(event)
@@ -122,7 +135,9 @@ class EventProcessor:
             final = attempt >= self._retry.attempts
             await self._report(Failure(event, context, handler.name, error, attempt, final))
             if final:
-                await self._dead_letter(event, context, handler.name, error, attempt, stopping)
+                await self._dead_letter(
+                    record, event, context, handler.name, error, attempt, stopping
+                )
                 return Outcome.DEAD_LETTERED
             await self._wait(self._retry.backoff(attempt), stopping)
             attempt += 1
@@ -142,17 +157,30 @@ class EventProcessor:
     @staticmethod
     async def _run(
         pending: list[Registered], event: FileEvent, context: EventContext
-    ) -> tuple[list[Registered], tuple[Registered, Exception] | None]:
-        """Run `pending` in order; on a failure, the failing handler and those after it."""
+    ) -> tuple[list[Registered], tuple[Registered, BaseException] | None]:
+        """Run `pending` in order; on a failure, the failing handler and those after it.
+
+        A failure is anything a handler raises (`RecursionError`, a `BaseException` of a
+        test framework or a library, a `CancelledError` it did not get from us) except
+        what stops the process or the task: `KeyboardInterrupt`, `SystemExit`, and the
+        cancellation of the task running it."""
+        task = asyncio.current_task()
         for index, handler in enumerate(pending):
             try:
                 await handler(event, context)
-            except Exception as exc:
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except asyncio.CancelledError as exc:
+                if task is None or task.cancelling():
+                    raise  # we are being cancelled: the event stays uncommitted
+                return pending[index:], (handler, exc)
+            except BaseException as exc:
                 return pending[index:], (handler, exc)
         return [], None
 
     async def _dead_letter(
         self,
+        record: ConsumerRecord[bytes, bytes],
         event: FileEvent | None,
         context: EventContext,
         handler: str,
@@ -161,7 +189,7 @@ class EventProcessor:
         stopping: asyncio.Event,
     ) -> None:
         await self._reliably(
-            lambda: self._dead_letters.send(context, handler, error, attempts),
+            lambda: self._dead_letters.send(record, context, handler, error, attempts),
             event,
             context,
             stopping,
@@ -205,3 +233,11 @@ class EventProcessor:
         except Exception:
             logger.exception("on_error raised; the failure it was given follows")
             log_failure(failure)
+
+
+def _unreadable(error: Exception) -> EventDecodeError:
+    """A decode failure other than `EventDecodeError` (a bug, or a limit of a library), as
+    one: the record is malformed either way, and the dead letter names the cause."""
+    wrapped = EventDecodeError(f"the record could not be read as an event: {describe(error)}")
+    wrapped.__cause__ = error
+    return wrapped

@@ -13,11 +13,13 @@ raw_topics = ["files.raw", { name = "minio.events", default_source = "minio" }]
 dead_letter_topic = "files.dead-letter"
 partitions = 4
 replication_factor = 1
+max_clock_skew_s = 300       # event times further ahead are not recorded for ordering
 
 [[instances]]
 name = "tenant-a"            # required; also names the output topics
 bucket = "uploads"           # a bucket name, or "*" for every bucket; absent = every bucket
 prefix = "tenant-a"          # optional
+sources = ["s3"]             # optional: the only sources it accepts; absent = every source
 plugins = ["versioning", "softDelete", { name = "dedup", prefix = ".blobs" }, "encryption"]
 dedupe_ttl = "24h"           # seconds as a number, or a duration string; default 24 h
 topic = "files.events.tenant-a"   # default files.events.<name>
@@ -57,10 +59,13 @@ ENVIRONMENT = {
     "STREAMS_PARTITIONS": ("stream", "partitions"),
     "STREAMS_REPLICATION_FACTOR": ("stream", "replication_factor"),
     "STREAMS_APP_ID": ("stream", "app_id"),
+    "STREAMS_MAX_CLOCK_SKEW_S": ("stream", "max_clock_skew_s"),
     "WEBHOOK_HOST": ("webhook", "host"),
     "WEBHOOK_PORT": ("webhook", "port"),
     "WEBHOOK_RAW_TOPIC": ("webhook", "raw_topic"),
     "WEBHOOK_INSECURE_SOURCES": ("webhook", "insecure_sources"),
+    "WEBHOOK_ADMIN_HOST": ("webhook", "admin_host"),
+    "WEBHOOK_ADMIN_PORT": ("webhook", "admin_port"),
 }
 
 
@@ -130,6 +135,11 @@ class InstanceConfig(_Strict):
     dedupe_ttl: float = DEFAULT_DEDUPE_TTL_S
     topic: str | None = None
     stale_topic: str | None = None
+    sources: tuple[str, ...] | None = None
+    """The sources (streams.normalizers.SOURCES) whose events the instance accepts; unset:
+    every source. A credential of a source not listed cannot write into the instance, even
+    naming its bucket (or no bucket, as Box and Cloudinary deliveries do). `reconcile` is
+    always accepted (the operator's own tool; see streams.rules)."""
 
     @field_validator("prefix")
     @classmethod
@@ -152,6 +162,20 @@ class InstanceConfig(_Strict):
     @classmethod
     def _ttl(cls, value: Any) -> float:
         return parse_duration(value)
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        from streams.normalizers import SOURCES  # here: the normalizers import the models
+
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("needs at least one source (leave it out to accept every source)")
+        for source in value:
+            if source not in SOURCES:
+                raise ValueError(f"unknown source {source!r} (known: {', '.join(SOURCES)})")
+        return tuple(dict.fromkeys(value))
 
     @field_validator("topic", "stale_topic")
     @classmethod
@@ -204,6 +228,10 @@ class StreamConfig(_Strict):
     """How often expired dedupe ids are removed (locally, and tombstoned in the changelog)."""
     session_timeout_s: float = Field(default=15.0, ge=6, le=300)
     """How long the group waits for a silent worker before giving its partitions away."""
+    max_clock_skew_s: float = 300.0
+    """How far ahead of the worker's clock an event time may be and still be recorded as the
+    key's ordering time (env STREAMS_MAX_CLOCK_SKEW_S). An event dated further ahead is
+    emitted, but cannot make later events of its key stale by its time (streams.ordering)."""
     group_instance_id: str | None = None
     """Static group membership (KIP-345): a worker restarted under the same id takes its
     partitions back at once instead of after the session timeout. Unique per worker, stable
@@ -213,6 +241,13 @@ class StreamConfig(_Strict):
     @classmethod
     def _topic(cls, value: str) -> str:
         return check_topic_name(value)
+
+    @field_validator("max_clock_skew_s", mode="before")
+    @classmethod
+    def _skew(cls, value: Any) -> float:
+        if isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value):
+            value = float(value)  # seconds, as an environment variable gives them
+        return parse_duration(value)
 
     def default_source(self, raw_topic: str) -> str | None:
         """The source of records on `raw_topic` that carry no `source` header."""
@@ -248,6 +283,7 @@ class WebhookRouteConfig(_Strict):
                 "certificate_files",
                 "trusted_ca_file",
                 "certificate_cache_s",
+                "max_message_age_s",
             }
         ),
         "eventbridge": frozenset(
@@ -283,13 +319,24 @@ class WebhookRouteConfig(_Strict):
         "cloudinary": frozenset(
             {"secret_env", "token_env", "signature_algorithm", "replay_window_s"}
         ),
-        "appwrite": frozenset({"secret_env", "token_env", "url"}),
+        "appwrite": frozenset({"secret_env", "token_env", "url", "event_memory", "event_memory_s"}),
     }
     """Which settings each source's route takes (`insecure` applies to every source)."""
     SNS_HOST: ClassVar[re.Pattern[str]] = re.compile(
-        r"^sns\.[a-z0-9]([a-z0-9-]*[a-z0-9])?\.amazonaws\.com(\.cn)?$"
+        r"^sns\.[a-z]{2,4}(-[a-z]+)+-[0-9]{1,2}\.amazonaws\.com(\.cn)?$"
     )
-    """Amazon SNS endpoints: `sns.<region>.amazonaws.com` (`.com.cn` in the China regions)."""
+    """Amazon SNS endpoints: `sns.<region>.amazonaws.com` (`.com.cn` in the China regions).
+
+    AWS's validators (`aws/aws-js-sns-message-validator` index.js `defaultHostPattern`,
+    `aws/aws-php-sns-message-validator` src/MessageValidator.php) use
+    `^sns\\.[a-zA-Z0-9\\-]{3,}\\.amazonaws\\.com(\\.cn)?$`: the `{3,}` keeps out
+    `sns.s3.amazonaws.com` (the S3 bucket `sns`). It still admits S3 hosts that serve any
+    bucket named `sns` (`sns.s3-accelerate.amazonaws.com`, `sns.s3-us-west-2.amazonaws.com`),
+    so the middle label here must have a region's shape, `<area>(-<word>)+-<digit>` as in
+    botocore's partition `regionRegex` (`us-east-1`, `us-gov-west-1`, `cn-north-1`): every
+    host the SDK pattern rejects is rejected here too. Host names are compared lower-cased."""
+    SNS_CLOCK_SKEW_S: ClassVar[float] = 300.0
+    """s3: how far in the future an SNS `Timestamp` may be (the publisher's clock vs ours)."""
     DEFAULT_REPLAY_WINDOW_S: ClassVar[dict[str, float]] = {"box": 600.0, "cloudinary": 7200.0}
     """Box documents 10 minutes; Cloudinary's SDKs default `valid_for` to 7200 s."""
     DEFAULT_QUERY_PARAM: ClassVar[dict[str, str]] = {"azure": "code", "gcs": "token"}
@@ -331,6 +378,12 @@ class WebhookRouteConfig(_Strict):
     directly by one of them (besides the https fetch from an SNS host)."""
     certificate_cache_s: float = 86400.0
     """s3: how long a signing certificate stays cached (seconds or a duration like "12h")."""
+    max_message_age_s: float = 3600.0
+    """s3: SNS messages whose signed `Timestamp` is older than this (or more than 5 minutes in
+    the future) are refused as replayed. SNS keeps the publish time on its retries, and an
+    HTTP(S) delivery policy retries for at most 3,600 s, hence the default of 1 h. Must be at
+    most every instance's `dedupe_ttl` minus the 5 minutes of clock skew, so that a replay
+    the bridge accepts is always a duplicate the stream drops (checked at start-up)."""
     audience: str | None = None
     """gcs: the audience of the push subscription's OIDC token (default in Google Cloud: the
     push endpoint URL). With `service_account`, turns OIDC verification on."""
@@ -359,6 +412,13 @@ class WebhookRouteConfig(_Strict):
     url: str | None = None
     """appwrite: the webhook URL exactly as registered in Appwrite (it is part of what is
     signed); required with a secret."""
+    event_memory: int = Field(default=10_000, ge=0)
+    """appwrite: how many signed bodies the bridge remembers with the event header they came
+    with (the header is not signed): while remembered, a body is admitted again only with
+    the same header, or once as a file delete (a file deleted unchanged); anything else is
+    refused. 0 turns the check off. Per bridge process, not shared, lost on restart."""
+    event_memory_s: float = 86400.0
+    """appwrite: how long a signed body is remembered (seconds or a duration like "24h")."""
 
     @field_validator("secret_env", "token_env", "secondary_secret_env")
     @classmethod
@@ -400,7 +460,7 @@ class WebhookRouteConfig(_Strict):
                 raise ValueError(f"{url!r} is not an https URL on an Amazon SNS host")
         return value
 
-    @field_validator("certificate_cache_s", mode="before")
+    @field_validator("certificate_cache_s", "max_message_age_s", "event_memory_s", mode="before")
     @classmethod
     def _cache_duration(cls, value: Any) -> float:
         return parse_duration(value)
@@ -485,6 +545,12 @@ class WebhookRouteConfig(_Strict):
         return self.secret_query_param or self.DEFAULT_QUERY_PARAM[source]
 
 
+RAW_RECORD_FRAMING_BYTES = 16 * 1024
+"""What a raw record takes beyond its value and header bytes: Kafka's record batch and record
+framing, a length per header. The bridges keep value + headers + this under the raw topic's
+`RAW_MAX_MESSAGE_BYTES`."""
+
+
 class WebhookConfig(_Strict):
     """The webhook bridge (`python -m connectors webhook`); routes are described in the
     docstring of `connectors.webhook`."""
@@ -500,6 +566,28 @@ class WebhookConfig(_Strict):
     """`[webhook.routes.<source>]`, one per push source (see WebhookRouteConfig)."""
     insecure_sources: tuple[str, ...] = ()
     """Sources accepted without authentication (env WEBHOOK_INSECURE_SOURCES=s3,minio)."""
+    admin_host: str | None = None
+    """Where `admin_port` listens (env WEBHOOK_ADMIN_HOST; default: `host`)."""
+    admin_port: int | None = Field(default=None, ge=1, le=65535)
+    """Serve `/healthz` and `/metrics` on this port only (env WEBHOOK_ADMIN_PORT); the public
+    port then answers 404 for them. Unset: they are served on `port`."""
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    """The headers a delivery's raw record carries (every forwarded `header.<name>` and the
+    contract headers, names and values): a request over it gets 431, nothing published."""
+    max_bodies_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    """Body bytes held at once across requests, counting only what each body has beyond its
+    first `SMALL_BODY_BYTES` (small deliveries are bounded by `max_connections` instead): a
+    body that would go over it is answered 503 with Retry-After, so the provider retries."""
+    body_timeout_s: float = Field(default=15.0, gt=0)
+    """A body not received whole this long after its request's headers is answered 408."""
+    idle_timeout_s: float = Field(default=15.0, gt=0)
+    """A connection that has not sent a complete request head this long after it opened (or
+    after its previous answer) is closed: slow headers, idle keep-alive connections."""
+    max_connections: int = Field(default=256, ge=1)
+    """Connections open at once on the public port; one more is answered 503 and closed."""
+
+    SMALL_BODY_BYTES: ClassVar[int] = 64 * 1024
+    """What of each body `max_bodies_bytes` does not count."""
 
     @field_validator("raw_topic")
     @classmethod
@@ -525,6 +613,15 @@ class WebhookConfig(_Strict):
             if source not in SOURCES:
                 raise ValueError(f"routes.{source}: unknown source (known: {known})")
             route.check_for(source)
+        return self
+
+    @model_validator(mode="after")
+    def _bodies_fit(self) -> WebhookConfig:
+        if self.max_bodies_bytes < self.max_body_bytes - self.SMALL_BODY_BYTES:
+            raise ValueError(
+                f"max_bodies_bytes: {self.max_bodies_bytes} is too small for one body of "
+                f"max_body_bytes ({self.max_body_bytes}): such a delivery would always get 503"
+            )
         return self
 
 
@@ -555,6 +652,43 @@ class Settings(_Strict):
             raise ValueError(
                 "instances: every instance needs its own topic and stale_topic, distinct from "
                 f"each other and from the stream's topics; used twice: {', '.join(shared)}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _sns_replays_are_duplicates(self) -> Settings:
+        # An SNS replay the bridge accepts is at most max_message_age_s + skew after the first
+        # copy was handled; the stream drops it only while that copy's id is still remembered.
+        route = self.webhook.routes.get("s3")
+        if route is None or not route.topic_arns:
+            return self
+        shortest = min(self.instances, key=lambda instance: instance.dedupe_ttl)
+        window = route.max_message_age_s + route.SNS_CLOCK_SKEW_S
+        if window > shortest.dedupe_ttl:
+            raise ValueError(
+                f"webhook.routes.s3.max_message_age_s: {route.max_message_age_s:g} s plus "
+                f"{route.SNS_CLOCK_SKEW_S:g} s of clock skew is longer than instance "
+                f"{shortest.name!r}'s dedupe_ttl ({shortest.dedupe_ttl:g} s): a replayed SNS "
+                "message could be emitted twice; lower max_message_age_s to at most "
+                f"{max(shortest.dedupe_ttl - route.SNS_CLOCK_SKEW_S, 0):g} s or raise dedupe_ttl"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _raw_records_fit(self) -> Settings:
+        # On Settings, not WebhookConfig: streams.topics imports this module, and the default
+        # WebhookConfig() is built while it loads.
+        from streams.topics import RAW_MAX_MESSAGE_BYTES
+
+        webhook = self.webhook
+        record = webhook.max_body_bytes + webhook.max_header_bytes + RAW_RECORD_FRAMING_BYTES
+        if record > RAW_MAX_MESSAGE_BYTES:
+            raise ValueError(
+                f"webhook.max_body_bytes: {webhook.max_body_bytes} plus "
+                f"webhook.max_header_bytes {webhook.max_header_bytes} plus "
+                f"{RAW_RECORD_FRAMING_BYTES} bytes of record framing is over the raw topic's "
+                f"record limit of {RAW_MAX_MESSAGE_BYTES} bytes: a delivery the bridge "
+                "accepted could never be written"
             )
         return self
 

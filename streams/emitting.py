@@ -3,13 +3,59 @@
 Runs on the repartition topic, so every copy of one change and every change of one key is in
 one partition and handled in order. For each event, in order:
 
-1. Dedupe on (instance, event.id): an id seen less than the instance's TTL ago is a
+1. Dedupe on (instance, scope, event.id): an id seen less than the instance's TTL ago is a
    duplicate. The expiry is written once, when the id is first handled, and never extended,
    so neither a redelivery nor a state restore gives an id a fresh lease.
-2. Order per (instance, key): an event older than the last one emitted for its key goes to
-   the stale topic with the reason (see streams.ordering); a `deleted` that removed only a
-   noncurrent version is emitted but does not move the key's mark, since the key lives on.
+2. Order per (instance, scope, bucket, key): an event older than the last one emitted for its
+   key in its scope goes to the stale topic with the reason (see streams.ordering); a
+   `deleted` that removed only a noncurrent version is emitted but does not move the key's
+   mark, since the key lives on. An event time beyond `stream.max_clock_skew_s` ahead of the
+   worker's clock is not recorded in the mark.
 3. Otherwise it is emitted.
+
+The scope (`streams.ordering.scope`) is the provider that issued the id and the token, as
+Azure storage account or AWS partition where one endpoint receives several: one provider's
+credential cannot make another provider's change a duplicate (a B2 `eventId` equal to an S3
+change's derived id) or stale (a MinIO sequencer `"F" * 64`, a Supabase time of 9999-12-31),
+and same-named buckets of two providers no longer order against each other.
+
+State keys (the tables are co-partitioned with the repartition topic; the partition is the
+input record's):
+
+* `seen`: `<instance>/<id>` when the id is the provider's own derived id (`<provider>:...`,
+  S3, GCS, MinIO, Supabase, Appwrite, reconcile, and B2/Box/Cloudinary fallbacks) and the
+  scope is the provider itself: the key the stream wrote before scopes, so that state carries
+  over at no cost. Otherwise `<instance>|<scope>|<id>`. Instance names hold no `|` and scopes
+  neither `|`, `/` nor `:`, so no two (instance, scope, id) share a key, and a key of the
+  first form with the id `<p>:...` can only be written by provider `p`.
+* `marks`: `<instance>|<scope>|<bucket>/<key>` (before scopes: `<instance>/<bucket>/<key>`).
+
+Upgrade from unscoped state. Databases and changelogs written before scopes hold `seen`
+entries `<instance>/<id>` for every id and `marks` `<instance>/<bucket>/<key>` for every key.
+On a partition's first plan, the `marks` entry `LEGACY_UNTIL_KEY` is written: now + the
+longest dedupe TTL when the partition already had state (its changelog offset key is set),
+else now. Until that time, and only then, a miss of a scoped key falls back to the old key:
+
+* `seen`, for an id of the second form: the old key `<instance>/<id>`, unless the id starts
+  with `<p>:` for a source `p` other than the event's provider. Since scopes, the old form is
+  written only for provider `p`'s own `<p>:` ids; so the fallback reads either entries written
+  before the upgrade or the event's own provider's. No delivery after the upgrade can make
+  another provider's change a duplicate through it, and an old entry counts only until its
+  own expiry (no later than the window).
+* `marks`: the old key, which nothing writes any more, so only marks recorded before the
+  upgrade are read. One applies only to an event of the provider it came from: an id
+  `<p>:...` belongs to `p`, else the token kind names the provider (an unprefixed id with an
+  AWS sequencer is EventBridge's, Azure's with an Azure sequencer; a time-only mark with an
+  unprefixed id may be B2's, Box's, Cloudinary's, Azure's or EventBridge's), and only with
+  the same token kind (tokens compared with tokens, times with times). Its time is bounded
+  like any mark's.
+
+So a redelivery of a change handled before the upgrade is still a duplicate, and an older
+change of a key last emitted before it is still stale, for the longest TTL after the upgrade;
+then the old keys are no longer read (after the TTL a redelivery is no duplicate in any case).
+A mark poisoned before the upgrade (by the very attack scopes prevent) affects only its own
+provider's events of that key, and only until the window closes. The fallback costs a read
+only on a miss, only in the window, and never on a partition that starts without state.
 
 The plan holds the records to send and the state to record once Kafka acknowledged them:
 a batch that fails to send records nothing, so its redelivery runs again.
@@ -25,8 +71,18 @@ from typing import Protocol
 
 import orjson
 
-from streams.config import Settings
-from streams.ordering import Mark, mark_for, staleness
+from streams.config import InstanceConfig, Settings
+from streams.event import FileEvent
+from streams.normalizers import SOURCES
+from streams.ordering import (
+    TOKEN_KINDS,
+    Mark,
+    bounded_mark,
+    mark_for,
+    recorded_mark,
+    scope,
+    stale_reason,
+)
 from streams.records import (
     KeyedEvent,
     OutRecord,
@@ -37,9 +93,16 @@ from streams.records import (
     parse_keyed,
     partition_key,
 )
+from streams.store import OFFSET_KEY
 
 SEEN = "seen"
 MARKS = "marks"
+LEGACY_UNTIL_KEY = b"\x00legacy-keys-until"
+"""In `marks`: until when this partition also reads the keys written before scopes (module
+docstring). Starts with NUL, as no instance name does; `marks` entries never expire."""
+KNOWN_SOURCES = frozenset(SOURCES)
+UNPREFIXED_ID_PROVIDERS = frozenset({"eventbridge", "azure", "b2", "box", "cloudinary"})
+"""Providers whose event ids are their own (not `<provider>:...`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,13 +155,63 @@ class EmitPlan:
         self.writes.setdefault((table, partition), {})[key] = value
 
 
-def seen_key(instance: str, event_id: str) -> bytes:
-    return f"{instance}/{event_id}".encode()
+def seen_key(instance: str, event_id: str, scope: str | None = None) -> bytes:
+    """The dedupe key of an id in `scope`; without a scope, the key of a provider's own
+    derived id in its own scope, which is also the key before scopes (module docstring)."""
+    if scope is None:
+        return f"{instance}/{event_id}".encode()
+    return f"{instance}|{scope}|{event_id}".encode()
 
 
-def mark_key(instance: str, event: KeyedEvent) -> bytes:
-    """Ordering state is per object: (instance, bucket, key), like the repartition key."""
-    return partition_key(instance, event.bucket, event.key)
+def own_id(event_id: str, provider: str, scope: str) -> bool:
+    """Whether `event_id` is `provider`'s derived id in the provider's own scope."""
+    return (
+        scope == provider
+        and event_id.startswith(provider)
+        and event_id[len(provider) : len(provider) + 1] == ":"
+    )
+
+
+def mark_key(instance: str, event: KeyedEvent | FileEvent, scope: str | None = None) -> bytes:
+    """Ordering state is per object and scope: (instance, scope, bucket, key). Without a
+    scope: the key before scopes, (instance, bucket, key) like the repartition key."""
+    if scope is None:
+        return partition_key(instance, event.bucket, event.key)
+    return f"{instance}|{scope}|{event.bucket or ''}/{event.key}".encode()
+
+
+def instance_scope(event: KeyedEvent, instance: InstanceConfig) -> str:
+    """`streams.ordering.scope`, except that a `reconcile` event takes the scope of the
+    instance's one source: it is a listing of that provider's bucket, ordered by time
+    against the provider's own notifications."""
+    if event.provider == "reconcile" and instance.sources is not None:
+        named = [source for source in instance.sources if source != "reconcile"]
+        if len(named) == 1:
+            return named[0]
+    return scope(event)
+
+
+def legacy_id_readable(event_id: str, provider: str) -> bool:
+    """Whether the pre-scope key of `event_id` may stand in for a scoped miss: not for an id
+    `<p>:...` of another source `p`, whose old-form key `p` still writes."""
+    head, colon, _ = event_id.partition(":")
+    return not colon or head == provider or head not in KNOWN_SOURCES
+
+
+def legacy_mark_applies(legacy: Mark, mark: Mark, provider: str, scope: str) -> bool:
+    """Whether a mark written before scopes orders an event of `provider` in `scope` whose
+    own mark is `mark`: same provider (by the id's prefix, else by the token kind), same kind."""
+    if legacy.kind != mark.kind:
+        return False
+    owners = {provider, scope.partition("@")[0]}
+    head, colon, _ = legacy.event_id.partition(":")
+    if colon and head in KNOWN_SOURCES:
+        return head in owners
+    if legacy.kind is None:
+        return not owners.isdisjoint(UNPREFIXED_ID_PROVIDERS)
+    # Unprefixed with a token: S3, MinIO and GCS ids are always prefixed.
+    issuers = TOKEN_KINDS[legacy.kind] & UNPREFIXED_ID_PROVIDERS
+    return not owners.isdisjoint(issuers)
 
 
 def encode_expiry(expires_at: float) -> bytes:
@@ -117,10 +230,13 @@ def decode_expiry(value: bytes | None) -> float | None:
 def plan_batch(
     inputs: Sequence[KeyedInput], settings: Settings, state: StateReader, now: float
 ) -> EmitPlan:
-    """Decide every event of a batch; `now` (epoch seconds) only ages dedupe entries."""
+    """Decide every event of a batch; `now` (epoch seconds) ages dedupe entries, bounds the
+    event times recorded in marks and closes the window of pre-scope keys."""
     plan = EmitPlan()
     pending: dict[tuple[str, int, bytes], bytes] = {}
     instances = {instance.name: instance for instance in settings.instances}
+    latest = now + settings.stream.max_clock_skew_s
+    legacy_until: dict[int, float] = {}
 
     def lookup(table: str, partition: int, key: bytes) -> bytes | None:
         found = pending.get((table, partition, key))
@@ -129,6 +245,23 @@ def plan_batch(
     def record(table: str, partition: int, key: bytes, value: bytes) -> None:
         pending[(table, partition, key)] = value
         plan.write(table, partition, key, value)
+
+    def legacy_open(partition: int) -> bool:
+        """Whether `partition` still reads pre-scope keys; decided (and recorded) once."""
+        until = legacy_until.get(partition)
+        if until is None:
+            stored = lookup(MARKS, partition, LEGACY_UNTIL_KEY)
+            if stored is not None:
+                until = decode_expiry(stored) or 0.0
+            else:
+                had_state = any(
+                    state.get(table, partition, OFFSET_KEY) is not None for table in (SEEN, MARKS)
+                )
+                longest = max(instance.dedupe_ttl for instance in settings.instances)
+                until = now + longest if had_state else now
+                record(MARKS, partition, LEGACY_UNTIL_KEY, encode_expiry(until))
+            legacy_until[partition] = until
+        return now < until
 
     for item in inputs:
         instance_name = "?"
@@ -147,25 +280,46 @@ def plan_batch(
             plan.outcomes[(instance_name, "dead_letter")] += 1
             continue
 
-        id_key = seen_key(instance.name, event.id)
-        expires_at = decode_expiry(lookup(SEEN, item.partition, id_key))
+        partition = item.partition
+        event_scope = instance_scope(event, instance)
+        own = own_id(event.id, event.provider, event_scope)
+        id_key = seen_key(instance.name, event.id, None if own else event_scope)
+        stored = lookup(SEEN, partition, id_key)
+        if (
+            stored is None
+            and not own
+            and legacy_open(partition)
+            and legacy_id_readable(event.id, event.provider)
+        ):
+            stored = state.get(SEEN, partition, seen_key(instance.name, event.id))
+        expires_at = decode_expiry(stored)
         if expires_at is not None and expires_at > now:
             plan.outcomes[(instance.name, "duplicate")] += 1
             continue
-        record(SEEN, item.partition, id_key, encode_expiry(now + instance.dedupe_ttl))
+        record(SEEN, partition, id_key, encode_expiry(now + instance.dedupe_ttl))
 
-        key_key = mark_key(instance.name, event)
-        stored = lookup(MARKS, item.partition, key_key)
-        last = _read_mark(stored)
-        stale_reason = staleness(event, last)
-        if stale_reason is not None:
+        mark = mark_for(event)
+        key_key = mark_key(instance.name, event, event_scope)
+        stored = lookup(MARKS, partition, key_key)
+        last: Mark | None = None
+        if stored is not None:
+            last = _read_mark(stored)
+        elif legacy_open(partition):
+            legacy = _read_mark(state.get(MARKS, partition, mark_key(instance.name, event)))
+            if legacy is not None and legacy_mark_applies(
+                legacy, mark, event.provider, event_scope
+            ):
+                last = legacy
+        last = bounded_mark(last, latest)
+        stale_because = stale_reason(mark, event, last)
+        if stale_because is not None:
             plan.outputs.append(
-                keyed_stale_record(instance.stale_output_topic, event, stale_reason)
+                keyed_stale_record(instance.stale_output_topic, event, stale_because)
             )
             plan.outcomes[(instance.name, "stale")] += 1
             continue
         if not _version_only(event):
-            record(MARKS, item.partition, key_key, _mark_bytes(mark_for(event)))
+            record(MARKS, partition, key_key, _mark_bytes(recorded_mark(mark, last, latest)))
         plan.outputs.append(keyed_output_record(instance.output_topic, event))
         plan.outcomes[(instance.name, "emitted")] += 1
         received_at = item.headers.get("received-at")

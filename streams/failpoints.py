@@ -5,17 +5,25 @@ reaches `<point>`, so that a test can crash it exactly where a guarantee is at s
 
 * `after-output`: a batch's output records are acknowledged by Kafka (or its transaction
   committed), its state and input offsets are not yet recorded.
+
+`STREAMS_UNWRITABLE_TOPIC=<topic>` makes every write of the worker that includes a record for
+`<topic>` fail as if Kafka were away (KafkaConnectionError), for as long as the process runs:
+a stage that cannot make progress, without stopping a broker others use.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterable
+
+from aiokafka.errors import KafkaConnectionError
 
 _spec = os.environ.get("STREAMS_FAILPOINT", "")
 _point, _, _count = _spec.partition(":")
 _remaining = int(_count) if _count.isdigit() else 1
 _hits = 0
+_unwritable = os.environ.get("STREAMS_UNWRITABLE_TOPIC", "")
 
 
 def reached(point: str) -> None:
@@ -26,3 +34,9 @@ def reached(point: str) -> None:
     _hits += 1
     if _hits >= _remaining:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def check_writable(topics: Iterable[str]) -> None:
+    """Raise KafkaConnectionError if `topics` holds the topic made unwritable."""
+    if _unwritable and _unwritable in topics:
+        raise KafkaConnectionError(f"failpoint: topic {_unwritable} is unwritable")

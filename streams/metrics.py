@@ -6,7 +6,7 @@ plugin), duplicate, stale or dead-lettered.
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 RECEIVED = Counter("storage_events_received", "Raw deliveries read from the raw topics", ["source"])
 NORMALIZED = Counter(
@@ -50,3 +50,13 @@ STAGE_SECONDS = Counter(
 )
 STAGE_BATCHES = Counter("storage_events_stage_batches", "Batches handled per stage", ["stage"])
 STAGE_RECORDS = Counter("storage_events_stage_records", "Records handled per stage", ["stage"])
+REFUSED = Counter(
+    "storage_events_refused_records",
+    "Records Kafka refused as too large (or invalid), replaced by a dead letter or dropped",
+    ["topic", "outcome"],
+)
+STAGE_STUCK = Gauge(
+    "storage_events_stage_stuck",
+    "1 while a stage cannot make progress (Kafka away or refusing its writes), else 0",
+    ["stage"],
+)

@@ -9,18 +9,66 @@
 * Everything else, or a pair whose tokens are of different kinds: the provider's event time.
 
 Two events that compare equal, or whose order is unknown (no token, no time), both pass.
+
+Scopes (`scope`): tokens and times are compared only between events of one scope, the
+provider that issued them: every provider's credential is a different party, and one
+provider's sequencers, generations and clock say nothing about another's (a MinIO sequencer
+`"F" * 64` or a Supabase time of 9999-12-31 must not make an S3 change look old). A scope is
+the provider, narrowed where one endpoint receives several independent namespaces:
+
+* `azure@<account>`: Event Grid delivers blob events of several storage accounts to one
+  endpoint, containers are unique only per account, and sequencers are per account. The
+  account is read from the event's `topic` (Event Grid schema) or `source` (CloudEvents),
+  `/subscriptions/../providers/Microsoft.Storage/storageAccounts/<name>`; without one, `azure`.
+* `s3@<partition>`, `eventbridge@<partition>` outside the `aws` partition (`aws-cn`,
+  `aws-us-gov`, `aws-iso*`, `aws-eusc`, from the record's region): bucket names are unique only
+  within a partition, and one bridge may accept SNS topics of several. In `aws`: `s3`.
+* GCS bucket names are global, as are B2's; MinIO, Supabase and Appwrite payloads name no
+  deployment or project, so one scope each (two projects of one provider posting to one route
+  with the same bucket and key still share order).
+* `reconcile` deliveries are synthetic listings of one instance's bucket, ordered by time
+  against that bucket's own notifications: the emit stage gives them the scope of the
+  instance's one source when its `sources` names exactly one (`streams.emitting`), else
+  `reconcile`.
+
+Clock skew (`bounded_mark`, `recorded_mark`): an event time more than `stream.max_clock_skew_s`
+(default 300 s) ahead of the worker's clock is a provider's broken clock or a forged field. The
+event is still emitted (it is authenticated, and newer than anything known), but its time is
+not recorded: the key's mark keeps the time it had. A stored mark whose time is beyond the
+bound (one recorded before this rule) counts as having no time.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol
 
 SEQUENCER_WIDTH = 64
 TYPE_RANK = {"created": 0, "deleted": 1}
 AWS_SEQUENCED = frozenset({"s3", "eventbridge", "minio"})
+TOKEN_KINDS: dict[str, frozenset[str]] = {
+    "aws-sequencer": AWS_SEQUENCED,
+    "azure-sequencer": frozenset({"azure"}),
+    "gcs-generation": frozenset({"gcs"}),
+}
+"""Which providers issue each kind of ordering token."""
+AWS_PARTITIONS = (
+    ("cn-", "aws-cn"),
+    ("us-gov-", "aws-us-gov"),
+    ("us-isob-", "aws-iso-b"),
+    ("us-isof-", "aws-iso-f"),
+    ("us-iso-", "aws-iso"),
+    ("eu-isoe-", "aws-iso-e"),
+    ("eusc-", "aws-eusc"),
+)
+"""Region prefix -> partition (botocore's `partitions.json` regionRegex); others are `aws`."""
+AWS_REGION_FIELD = {"s3": "awsRegion", "eventbridge": "region"}
+STORAGE_ACCOUNT = re.compile(
+    r"/providers/Microsoft\.Storage/storageAccounts/([A-Za-z0-9]{3,24})(?:/|$)", re.IGNORECASE
+)
 
 
 class Ordered(Protocol):
@@ -89,6 +137,27 @@ def _int(value: Any) -> int | None:
     return None
 
 
+def scope(event: Ordered) -> str:
+    """The namespace `event`'s id and ordering token belong to (see the module docstring)."""
+    provider = event.provider
+    if provider == "azure":
+        raw = event.raw or {}
+        origin = raw.get("topic") or raw.get("source")
+        if isinstance(origin, str):
+            found = STORAGE_ACCOUNT.search(origin)
+            if found is not None:
+                return f"azure@{found.group(1).lower()}"
+        return provider
+    region_field = AWS_REGION_FIELD.get(provider)
+    if region_field is not None:
+        region = (event.raw or {}).get(region_field)
+        if isinstance(region, str):
+            for head, partition in AWS_PARTITIONS:
+                if region.startswith(head):
+                    return f"{provider}@{partition}"
+    return provider
+
+
 def order_token(event: Ordered) -> tuple[str, tuple[Any, ...]] | None:
     """(kind, comparable token) for the event, or None when its provider has no token."""
     sequencer = event.sequencer
@@ -119,11 +188,32 @@ def mark_for(event: Ordered) -> Mark:
     )
 
 
+def bounded_mark(mark: Mark | None, latest: float) -> Mark | None:
+    """`mark` with a time beyond `latest` (now + the clock-skew bound) forgotten."""
+    if mark is None or mark.time is None or mark.time <= latest:
+        return mark
+    return replace(mark, time=None)
+
+
+def recorded_mark(mark: Mark, last: Mark | None, latest: float) -> Mark:
+    """The mark an emitted event leaves (`mark`, its `mark_for`), except that a time beyond
+    `latest` is not recorded: the key keeps the time of `last`."""
+    if mark.time is not None and mark.time > latest:
+        return replace(mark, time=last.time if last is not None else None)
+    return mark
+
+
 def staleness(event: Ordered, last: Mark | None) -> str | None:
-    """Why `event` is older than the last emitted event of its key, or None if it is not."""
+    """Why `event` is older than the last emitted event of its key, or None if it is not.
+
+    Both must be of one scope (`scope`): the caller keeps one mark per key and scope."""
+    return stale_reason(mark_for(event), event, last)
+
+
+def stale_reason(mark: Mark, event: Ordered, last: Mark | None) -> str | None:
+    """`staleness` for an event whose `mark_for` is `mark` (computed once by the caller)."""
     if last is None:
         return None
-    mark = mark_for(event)
     if (
         mark.kind is not None
         and mark.kind == last.kind

@@ -13,6 +13,11 @@
 * Stale record (-> `files.stale.<instance>`): the event, plus `stale.reason` headers.
 * Dead-letter record (-> `files.dead-letter`): original bytes and headers, plus `error`
   and `error.stage`.
+
+Sizes: `record_bytes` bounds what one record takes in a record batch of its own, the unit
+Kafka's `max.message.bytes` limits; `event_record_bytes` the largest record one event
+becomes on its way (keyed, output, stale), so stage one can refuse an event before any of its
+records is written (streams.topics holds the limits).
 """
 
 from __future__ import annotations
@@ -226,6 +231,61 @@ def keyed_output_record(topic: str, event: KeyedEvent) -> OutRecord:
 def keyed_stale_record(topic: str, event: KeyedEvent, reason: str) -> OutRecord:
     headers = (*_keyed_headers(event), ("stale.reason", reason.encode()))
     return OutRecord(topic, event.key.encode(), event.value, headers)
+
+
+BATCH_HEADER_BYTES = 61
+"""A v2 record batch's header: base offset to record count."""
+RECORD_FRAMING_BYTES = 5 + 1 + 10 + 5 + 5 + 5 + 5
+"""A record's own fields at their longest: length, attributes, timestamp delta, offset delta,
+key length, value length, header count (varints)."""
+HEADER_FRAMING_BYTES = 5 + 5
+"""A header's name and value lengths (varints)."""
+STALE_REASON_BYTES = 4096
+"""Room for a stale record's `stale.reason` header: the event's sequencer and the id of the
+event that made it stale, each bounded (streams.normalizers.MAX_TOKEN_BYTES, MAX_ID_BYTES),
+and a sentence."""
+
+
+def record_bytes(
+    key: bytes | None, value: bytes | None, headers: Iterable[tuple[str, bytes]]
+) -> int:
+    """At least the size of a record batch (uncompressed) holding only this record."""
+    size = BATCH_HEADER_BYTES + RECORD_FRAMING_BYTES + len(key or b"") + len(value or b"")
+    for name, header_value in headers:
+        size += HEADER_FRAMING_BYTES + len(name.encode()) + len(header_value or b"")
+    return size
+
+
+def out_record_bytes(record: OutRecord) -> int:
+    return record_bytes(record.key, record.value, record.headers)
+
+
+def event_record_bytes(instance: str, event: FileEvent, keyed: OutRecord) -> int:
+    """The largest record `event` becomes: its keyed record, or its output or stale record
+    (the key twice, as Kafka key and `ce_subject`, the id as `ce_id`, and a stale reason),
+    which carry the keyed record's value unchanged. Counted without building them (it runs
+    for every event): the CloudEvents headers' fixed part is measured once."""
+    key_bytes = len(event.key.encode())
+    output = (
+        BATCH_HEADER_BYTES
+        + RECORD_FRAMING_BYTES
+        + 2 * key_bytes
+        + len(keyed.value or b"")
+        + len(event.id.encode())
+        + len(instance.encode())
+        + len(event.provider.encode())
+        + _CE_FIXED_BYTES
+    )
+    stale = output + HEADER_FRAMING_BYTES + len("stale.reason") + STALE_REASON_BYTES
+    return max(out_record_bytes(keyed), stale)
+
+
+_CE_FIXED_BYTES = sum(
+    HEADER_FRAMING_BYTES + len(name.encode()) + len(value)
+    for name, value in cloudevent_headers("", "", "deleted", "", "", "0000-12-31T23:59:59.999999Z")
+)
+"""The CloudEvents headers without the instance, provider, id and key: their names, the
+longest type and the longest RFC 3339 time."""
 
 
 def dead_letter_record(

@@ -1,7 +1,10 @@
 """Stage one, pure: a raw delivery becomes keyed records for each instance that keeps them.
 
 Everything that cannot be parsed becomes one dead-letter record (original bytes, headers and
-the reason); every event an instance does not keep is counted by reason.
+the reason); every event an instance does not keep is counted by reason. So does a delivery
+with an event too large for the topics it would go through (its `raw` record, which the
+event carries whole, makes it so): `event_record_bytes` over `EVENT_MAX_MESSAGE_BYTES`. It is
+never truncated, and never written to fail there.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from streams.records import (
     RawRecord,
     dead_letter_record,
     delivery_from_raw,
+    event_record_bytes,
     keyed_record,
 )
 from streams.rules import Filtered, apply_instance
+from streams.topics import EVENT_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,9 @@ def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
     if reason is None:
         try:
             _fan_out(routed, events, record.headers.get("received-at"), settings)
+        except TooLarge as exc:
+            routed = Routed()
+            reason = f"{delivery.source}: {exc}"
         except ValueError as exc:  # an event pydantic cannot serialise (a `raw` nested too deep)
             routed = Routed()
             reason = f"{delivery.source}: cannot serialise its event: {exc}"
@@ -62,6 +70,10 @@ def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
             dead_letter_record(settings.stream.dead_letter_topic, record, key, reason, "normalize")
         )
     return routed
+
+
+class TooLarge(Exception):
+    """An event whose records would exceed the limit of the topics they go to."""
 
 
 def _fan_out(
@@ -74,8 +86,14 @@ def _fan_out(
             if isinstance(kept, Filtered):
                 routed.filtered[(instance.name, kept.reason)] += 1
             else:
-                routed.records.append(
-                    keyed_record(
-                        settings.stream.repartition_topic, instance.name, kept, received_at
-                    )
+                keyed = keyed_record(
+                    settings.stream.repartition_topic, instance.name, kept, received_at
                 )
+                size = event_record_bytes(instance.name, kept, keyed)
+                if size > EVENT_MAX_MESSAGE_BYTES:
+                    raise TooLarge(
+                        f"event {kept.id[:200]} for instance {instance.name} makes a record of "
+                        f"{size:,} bytes, over the {EVENT_MAX_MESSAGE_BYTES:,}-byte limit "
+                        "(max.message.bytes) of the repartition, output and stale topics"
+                    )
+                routed.records.append(keyed)

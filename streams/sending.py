@@ -9,24 +9,38 @@ Kafka client expects them.
 An idempotent producer with acks=all. When Kafka does not acknowledge (broker down, leader
 moving), the partitions not acknowledged are sent again, in their order, with a growing
 pause, until they are: a transient failure holds the stream back, it never becomes a drop.
+
+A record Kafka refuses for what it is (`REFUSALS`: too large for its topic, e.g. a topic
+created beforehand with a smaller `max.message.bytes`) is never sent again: the records of
+the refused batch are sent one per batch to find it, and it is replaced by what the caller's
+`Replace` makes of it (a dead letter with the broker's reason), or by `DeadLetters`' default.
+A dead letter refused in turn is sent once more without its value; refused again, it is
+dropped with an error in the log. Every retry loop ends with `Stopping` once the worker stops
+(streams.progress), and every wait longer than a few seconds is reported there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    CorruptRecordException,
+    KafkaError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+)
 from aiokafka.structs import RecordMetadata
 
-from streams import metrics
+from streams import failpoints, metrics
 from streams.partitioning import partition_for
 from streams.producer_errors import RENEW_ON
-from streams.records import OutRecord
-from streams.topics import RAW_MAX_MESSAGE_BYTES
+from streams.progress import Progress
+from streams.records import OutRecord, RawRecord, dead_letter_record
+from streams.topics import DEAD_LETTER_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +52,101 @@ PRODUCER_SETTINGS = {
     "enable_idempotence": True,
     "linger_ms": 5,
     "max_batch_size": MAX_BATCH_BYTES,
-    "max_request_size": RAW_MAX_MESSAGE_BYTES,  # dead letters carry whole deliveries
+    "max_request_size": DEAD_LETTER_MAX_MESSAGE_BYTES,  # dead letters carry whole deliveries
     "request_timeout_ms": 30_000,
 }
+
+
+REFUSALS: tuple[type[KafkaError], ...] = (
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    CorruptRecordException,
+)
+"""Errors Kafka answers for the records themselves: sending them again cannot succeed."""
+VALUE_DROPPED_HEADER = "error.value-dropped"
+"""On a dead letter whose own write was refused: the size of the value it no longer carries."""
+
+Replace = Callable[[OutRecord, str], OutRecord | None]
+"""What to write instead of a record Kafka refused (with the reason); None drops it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A record Kafka refused, why, and what was written instead (None: nothing)."""
+
+    record: OutRecord
+    reason: str
+    replacement: OutRecord | None
+
+
+class DeadLetters:
+    """The default replacements of refused records, for one dead-letter topic and stage.
+
+    A record is replaced by a dead letter of itself (its key, value and headers, with the
+    reason; `error.topic` is the topic it was meant for); a dead letter by the same without
+    its value (`error.value-dropped` says how large it was); a dead letter without its value
+    by nothing. The last two are logged as errors: the dead-letter topic is too small."""
+
+    def __init__(self, topic: str, stage: str) -> None:
+        self.topic = topic
+        self.stage = stage
+
+    def __call__(self, record: OutRecord, reason: str) -> OutRecord | None:
+        if record.topic != self.topic:
+            headers = dict(record.headers)
+            raw = RawRecord(record.topic, record.value or b"", headers)
+            return dead_letter_record(self.topic, raw, record.key, reason, self.stage)
+        return self.without_value(record, reason)
+
+    def without_value(self, record: OutRecord, reason: str) -> OutRecord | None:
+        """A refused dead letter, once more without its value; None when it had none."""
+        names = {name for name, _ in record.headers}
+        if VALUE_DROPPED_HEADER in names:
+            log.error(
+                "DROPPED a dead letter Kafka refused even without its value (%s); its headers: %s",
+                reason,
+                {name: value[:200] for name, value in record.headers},
+            )
+            return None
+        log.error(
+            "the dead-letter topic %s refused a dead letter (%s): writing it without its "
+            "value (%d bytes); raise the topic's max.message.bytes",
+            record.topic,
+            reason,
+            len(record.value or b""),
+        )
+        kept = [(name, value) for name, value in record.headers if name != "error"]
+        error = dict(record.headers).get("error", b"")
+        note = f" | dead letter refused ({reason}): value dropped".encode()
+        return OutRecord(
+            record.topic,
+            record.key if record.key is None or len(record.key) <= 1024 else None,
+            None,
+            (
+                *kept,
+                ("error", error[: 4096 - len(note)] + note),
+                (VALUE_DROPPED_HEADER, str(len(record.value or b"")).encode()),
+            ),
+        )
+
+
+def refusal_reason(record: OutRecord, exc: BaseException) -> str:
+    """The reason a dead letter carries for a record Kafka refused."""
+    size = len(record.key or b"") + len(record.value or b"")
+    size += sum(len(name) + len(value or b"") for name, value in record.headers)
+    return (
+        f"Kafka refused the record for topic {record.topic} ({size:,} bytes of key, value "
+        f"and headers): {exc!r}; is the topic's max.message.bytes lower than the stream's?"
+    )
+
+
+@dataclass(slots=True)
+class Sent:
+    """What one `send_all` wrote: where each partition's records went, and what Kafka
+    refused (and was replaced or dropped)."""
+
+    acknowledged: list[Acknowledged] = field(default_factory=list)
+    refused: list[Refused] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +187,14 @@ async def group_by_partition(
 
 
 async def enqueue(
-    producer: AIOKafkaProducer, topic: str, partition: int, records: Sequence[OutRecord]
+    producer: AIOKafkaProducer,
+    topic: str,
+    partition: int,
+    records: Sequence[OutRecord],
+    single: bool = False,
 ) -> list[tuple[int, asyncio.Future[RecordMetadata]]]:
-    """Queue `records` (all for one partition) as record batches; (count, future) per batch.
+    """Queue `records` (all for one partition) as record batches; (count, future) per batch;
+    `single`: one record per batch (to tell which record Kafka refuses).
 
     Must be awaited inside the transaction for a transactional producer."""
     queued: list[tuple[int, asyncio.Future[RecordMetadata]]] = []
@@ -91,7 +202,9 @@ async def enqueue(
     count = 0
     for record in records:
         headers = list(record.headers)
-        if batch.append(key=record.key, value=record.value, timestamp=None, headers=headers):
+        if (not single or not count) and batch.append(
+            key=record.key, value=record.value, timestamp=None, headers=headers
+        ):
             count += 1
             continue
         # The batch is full: send it and start the next one with this record, which a fresh
@@ -121,12 +234,55 @@ async def acknowledged(
     return Acknowledged(topic, partition, first if first is not None else -1, total)
 
 
+async def settle(
+    queued: list[tuple[int, asyncio.Future[RecordMetadata]]],
+) -> tuple[int | None, int, BaseException | None, int]:
+    """Wait for every batch of one partition: (first offset, records acknowledged before the
+    first failed batch, that batch's error, its record count). Every future is awaited, so
+    none leaves an unretrieved exception behind."""
+    first: int | None = None
+    count = 0
+    error: BaseException | None = None
+    failed_count = 0
+    for size, future in queued:
+        try:
+            metadata = await future
+        except KafkaError as exc:
+            if error is None:
+                error, failed_count = exc, size
+            continue
+        if error is None:
+            if first is None:
+                first = metadata.offset
+            count += size
+    return first, count, error, failed_count
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One partition's records not acknowledged yet, in order."""
+
+    records: list[OutRecord]
+    single: bool = False
+    """Send one record per batch: a batch of several was refused."""
+
+
 class RecordSender:
     """The stream's producer for output, stale, dead-letter, repartition and changelog records."""
 
-    def __init__(self, bootstrap_servers: str, client_id: str) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        client_id: str,
+        progress: Progress,
+        dead_letters: DeadLetters,
+    ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.client_id = client_id
+        self.progress = progress
+        self.dead_letters = dead_letters
+        """The replacement of a refused record when the caller names none, and always of a
+        refused dead letter."""
         self._producer = self._new_producer()
 
     def _new_producer(self) -> AIOKafkaProducer:
@@ -142,7 +298,7 @@ class RecordSender:
                 return
             except KafkaError as exc:
                 log.warning("producer cannot reach Kafka (%r); retrying in %.1f s", exc, delay)
-                await asyncio.sleep(delay)
+                await self.progress.pause(delay)
                 delay = min(delay * 2, MAX_BACKOFF_S)
 
     async def stop(self) -> None:
@@ -150,8 +306,9 @@ class RecordSender:
 
     async def _renew(self) -> None:
         """Replace a producer whose idempotence state the broker no longer accepts (after a
-        broker restart aiokafka can fail every later send with OutOfOrderSequenceNumber)."""
-        log.warning("renewing the producer after repeated failures")
+        broker restart aiokafka can fail every later send with OutOfOrderSequenceNumber, and
+        after a refused batch it always does: its sequence number is missing)."""
+        log.info("renewing the producer %s", self.client_id)
         try:
             await self._producer.stop()
         except KafkaError:
@@ -159,57 +316,108 @@ class RecordSender:
         self._producer = self._new_producer()
         await self.start()
 
-    async def send_all(self, records: Sequence[OutRecord]) -> list[Acknowledged]:
-        """Send every record; once all are acknowledged, say where each partition's went."""
+    async def send_all(
+        self, records: Sequence[OutRecord], stage: str, replace: Replace | None = None
+    ) -> Sent:
+        """Send every record; once all are acknowledged, say where each partition's went and
+        which records Kafka refused (`replace`, else the sender's default, said what to write
+        instead). `stage` names who waits, for the log and `/ready`."""
+        sent = Sent()
         if not records:
-            return []
-        done: list[Acknowledged] = []
+            return sent
+        who = object()  # this call, among the stage's writes waiting at once
+        unplaced: list[OutRecord] = list(records)
+        pending: dict[tuple[str, int], _Pending] = {}
         delay = 0.2
         failed_rounds = 0
-        pending: dict[tuple[str, int], list[OutRecord]] | None = None
-        while pending is None or pending:
+        while unplaced or pending:
+            self.progress.check()
             error: BaseException | None = None
-            queued: dict[tuple[str, int], list[tuple[int, asyncio.Future[RecordMetadata]]]] = {}
-            if pending is None:
+            if unplaced:
                 try:
                     # Needs each topic's partition count: metadata, i.e. a reachable broker.
-                    pending = await group_by_partition(self._producer, records)
+                    groups = await group_by_partition(self._producer, unplaced)
                 except KafkaError as exc:
-                    log.warning("no metadata for the records' topics (%r); retrying", exc)
+                    self.progress.trouble(
+                        stage, "metadata", f"no metadata for the records' topics ({exc!r})", who
+                    )
                     metrics.SEND_RETRIES.inc()
-                    await asyncio.sleep(delay)
+                    await self.progress.pause(delay)
                     delay = min(delay * 2, MAX_BACKOFF_S)
                     continue
-            for (topic, partition), group in pending.items():
+                for place, group in groups.items():
+                    pending.setdefault(place, _Pending([])).records.extend(group)
+                unplaced = []
+            queued: dict[tuple[str, int], list[tuple[int, asyncio.Future[RecordMetadata]]]] = {}
+            for place, waiting in pending.items():
                 try:
-                    queued[(topic, partition)] = await enqueue(
-                        self._producer, topic, partition, group
+                    failpoints.check_writable((place[0],))
+                    queued[place] = await enqueue(
+                        self._producer, *place, waiting.records, waiting.single
                     )
                 except KafkaError as exc:
                     error = exc
                     break
-            failed: dict[tuple[str, int], list[OutRecord]] = {
-                place: group for place, group in pending.items() if place not in queued
-            }
+            refusals = False
             for place, batches in queued.items():
-                try:
-                    done.append(await acknowledged(*place, batches))
-                except KafkaError as exc:
-                    error = exc
-                    failed[place] = pending[place]
-            pending = failed
-            if pending:
-                metrics.SEND_RETRIES.inc()
-                failed_rounds += 1
-                if isinstance(error, RENEW_ON) or failed_rounds % RENEW_AFTER_ROUNDS == 0:
-                    await self._renew()
-                log.warning(
-                    "Kafka did not acknowledge %d of %d records (%r); sending them again in %.1f s",
-                    sum(len(group) for group in pending.values()),
-                    len(records),
-                    error,
-                    delay,
+                waiting = pending[place]
+                first, count, failure, failed_count = await self.progress.watch(
+                    stage, f"{place[0]}[{place[1]}]", settle(batches), who
                 )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, MAX_BACKOFF_S)
-        return done
+                if count:
+                    assert first is not None
+                    sent.acknowledged.append(Acknowledged(*place, first, count))
+                    del waiting.records[:count]
+                if failure is None:
+                    continue
+                if not isinstance(failure, REFUSALS):
+                    error = failure
+                    continue
+                refusals = True
+                if failed_count > 1:
+                    waiting.single = True  # find which of them Kafka refuses
+                    continue
+                record = waiting.records.pop(0)
+                refused = self._refused(record, failure, replace)
+                sent.refused.append(refused)
+                if refused.replacement is not None:
+                    unplaced.append(refused.replacement)
+            for place in [place for place, waiting in pending.items() if not waiting.records]:
+                del pending[place]
+            if refusals:
+                # The refused batch left a gap in the producer's sequence numbers: the later
+                # batches of its partition failed for that, so send again at once.
+                await self._renew()
+                continue
+            if error is None:
+                continue
+            metrics.SEND_RETRIES.inc()
+            failed_rounds += 1
+            self.progress.trouble(
+                stage,
+                type(error).__name__,
+                f"Kafka did not acknowledge "
+                f"{sum(len(waiting.records) for waiting in pending.values())} of "
+                f"{len(records)} records ({error!r}); sending them again",
+                who,
+            )
+            if (
+                isinstance(error, RENEW_ON)
+                or not getattr(error, "retriable", False)  # its batch left a sequence gap
+                or failed_rounds % RENEW_AFTER_ROUNDS == 0
+            ):
+                await self._renew()
+            await self.progress.pause(delay)
+            delay = min(delay * 2, MAX_BACKOFF_S)
+        self.progress.recovered(stage, who)
+        return sent
+
+    def _refused(self, record: OutRecord, exc: BaseException, replace: Replace | None) -> Refused:
+        reason = refusal_reason(record, exc)
+        if replace is None or record.topic == self.dead_letters.topic:
+            replace = self.dead_letters
+        replacement = replace(record, reason)
+        outcome = "dead-lettered" if replacement is not None else "dropped"
+        metrics.REFUSED.labels(record.topic, outcome).inc()
+        log.error("%s; %s", reason, outcome)
+        return Refused(record, reason, replacement)

@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from streams.config import Settings
@@ -21,17 +22,47 @@ log = logging.getLogger(__name__)
 DAY_MS = 24 * 3600 * 1000
 SEEN_TABLE = "seen"
 MARKS_TABLE = "marks"
-# A delivery may be as large as the webhook's body limit (1 MiB by default) plus its headers,
-# over Kafka's 1 MiB default; the bridges' producers allow the same.
+
+# Record size limits (`max.message.bytes`, which bounds one record batch), one per kind of
+# topic; every topic the stream creates sets its own explicitly (the broker default of 1 MiB
+# is nobody's decision), and what the worker writes is held below them: stage one
+# dead-letters an event whose records would not fit (streams.routing), and a record Kafka
+# refuses anyway is replaced by a dead letter (streams.sending).
 RAW_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-RAW_TOPIC_CONFIG = {
-    "retention.ms": str(7 * DAY_MS),
-    "max.message.bytes": str(RAW_MAX_MESSAGE_BYTES),
+"""A raw record as a bridge writes it, headers included (the webhook's body limit is 1 MiB
+by default; the bridges bound the whole record to this)."""
+EVENT_MAX_MESSAGE_BYTES = 1024 * 1024
+"""The records of one event: keyed (repartition topic), output, stale, and the changelog
+records derived from it (a dedupe id, an ordering mark)."""
+DEAD_LETTER_HEADROOM_BYTES = 64 * 1024
+"""What a dead letter adds to the record it carries: `error` (at most 4 KiB), `error.stage`,
+`error.topic` and their framing, with room to spare."""
+DEAD_LETTER_MAX_MESSAGE_BYTES = RAW_MAX_MESSAGE_BYTES + DEAD_LETTER_HEADROOM_BYTES
+"""A dead letter carries a whole raw delivery (or keyed record) plus the error headers."""
+MAX_MESSAGE_BYTES = {
+    "raw": RAW_MAX_MESSAGE_BYTES,
+    "repartition": EVENT_MAX_MESSAGE_BYTES,
+    "dead-letter": DEAD_LETTER_MAX_MESSAGE_BYTES,
+    "changelog": EVENT_MAX_MESSAGE_BYTES,
+    "output": EVENT_MAX_MESSAGE_BYTES,
+    "stale": EVENT_MAX_MESSAGE_BYTES,
 }
+"""`max.message.bytes` of each role of topic in `topology`."""
+
+
+def _limit(role: str) -> dict[str, str]:
+    return {"max.message.bytes": str(MAX_MESSAGE_BYTES[role])}
+
+
+RAW_TOPIC_CONFIG = {"retention.ms": str(7 * DAY_MS), **_limit("raw")}
 # Output topics keep every event for 7 days, then at least the last event of each key, for
 # good: consumers that fall up to a week behind miss nothing, and `connectors reconcile` can
 # always tell what the stream last said about a key.
-OUTPUT_TOPIC_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(7 * DAY_MS)}
+OUTPUT_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "min.compaction.lag.ms": str(7 * DAY_MS),
+    **_limit("output"),
+}
 # A changelog entry may outlive its TTL by this much before the broker may delete it.
 CHANGELOG_RETENTION_MARGIN_MS = 3600 * 1000
 
@@ -62,15 +93,15 @@ def topology(settings: Settings) -> list[TopicSpec]:
             stream.repartition_topic,
             parts,
             replicas,
-            {"retention.ms": str(7 * DAY_MS)},
+            {"retention.ms": str(7 * DAY_MS), **_limit("repartition")},
             "repartition",
         ),
         TopicSpec(
             stream.dead_letter_topic,
             parts,
             replicas,
-            # holds raw deliveries as they came, as large as the raw topic's
-            {"retention.ms": str(30 * DAY_MS), "max.message.bytes": str(RAW_MAX_MESSAGE_BYTES)},
+            # holds raw deliveries as they came, with the error headers
+            {"retention.ms": str(30 * DAY_MS), **_limit("dead-letter")},
             "dead-letter",
         ),
         TopicSpec(
@@ -80,6 +111,7 @@ def topology(settings: Settings) -> list[TopicSpec]:
             {
                 "cleanup.policy": "compact,delete",
                 "retention.ms": str(longest_ttl_ms + CHANGELOG_RETENTION_MARGIN_MS),
+                **_limit("changelog"),
             },
             "changelog",
         ),
@@ -87,7 +119,7 @@ def topology(settings: Settings) -> list[TopicSpec]:
             changelog_topic(settings, MARKS_TABLE),
             parts,
             replicas,
-            {"cleanup.policy": "compact"},
+            {"cleanup.policy": "compact", **_limit("changelog")},
             "changelog",
         ),
     ]
@@ -100,7 +132,7 @@ def topology(settings: Settings) -> list[TopicSpec]:
                 instance.stale_output_topic,
                 parts,
                 replicas,
-                {"retention.ms": str(30 * DAY_MS)},
+                {"retention.ms": str(30 * DAY_MS), **_limit("stale")},
                 "stale",
             )
         )
@@ -137,6 +169,7 @@ async def ensure_topics(
                             for spec in missing
                         ]
                     )
+            await _warn_of_lower_limits(admin, [spec for spec in specs if spec.name in existing])
             return [spec.name for spec in missing]
         except KafkaConnectionError as exc:
             if retry_for_s is not None and waited >= retry_for_s:
@@ -153,3 +186,44 @@ async def ensure_topics(
         await asyncio.sleep(delay)
         waited += delay
         delay = min(delay * 2, 5.0)
+
+
+async def _warn_of_lower_limits(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
+    """Say at start-up which existing topics take smaller records than the stream writes
+    (created beforehand, or by an older version): records over their limit are dead-lettered
+    (or, on the dead-letter topic, written without their value) instead of stopping the
+    stream, and this line says why. Nothing is changed: a topic's config is its owner's."""
+    wanted = {
+        spec.name: int(spec.config["max.message.bytes"])
+        for spec in specs
+        if "max.message.bytes" in spec.config
+    }
+    if not wanted:
+        return
+    try:
+        responses = await admin.describe_configs(
+            [
+                ConfigResource(ConfigResourceType.TOPIC, name, configs={"max.message.bytes": None})
+                for name in wanted
+            ]
+        )
+    except KafkaError as exc:
+        log.debug("could not read the topics' max.message.bytes: %r", exc)
+        return
+    for response in responses:
+        for _, _, _, name, entries in response.resources:
+            for entry in entries:
+                if entry[0] != "max.message.bytes" or name not in wanted:
+                    continue
+                with contextlib.suppress(TypeError, ValueError):
+                    found = int(entry[1])
+                    if found < wanted[name]:
+                        log.warning(
+                            "topic %s takes records of at most %d bytes (max.message.bytes), "
+                            "the stream writes up to %d: larger ones are dead-lettered; raise "
+                            "it with kafka-configs --alter --add-config max.message.bytes=%d",
+                            name,
+                            found,
+                            wanted[name],
+                            wanted[name],
+                        )

@@ -14,6 +14,14 @@ and dead-letter records (at least once; a repeat is a duplicate the emit stage d
 `emit` with `exactly_once` (the default) commits each input partition's outputs, changelog
 records and offsets in one transaction (streams.transactions); with `at_least_once` it writes
 outputs, then the changelog, then commits.
+
+No record stops a stage: one Kafka refuses (too large for its topic) is replaced by a dead
+letter of the input it came from (the delivery in `normalize`, the keyed record in `emit`,
+whose dedupe id is then not recorded, so a replay of the dead letter is no duplicate) and the
+batch goes on. A stage that cannot make progress (Kafka away) says so in the log and on
+`/ready` (503, with the stage and why: streams.progress). SIGTERM stops the worker within
+`STOP_GRACE_S`: batches that cannot finish are abandoned uncommitted (read again on the next
+start); exit 0, or `EXIT_STOP_TIMEOUT` if even closing the clients ran out of time.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -46,22 +55,33 @@ from streams.emitting import (
     PendingState,
     decode_expiry,
     plan_batch,
+    seen_key,
 )
 from streams.offsets import adopt_committed_offsets
-from streams.records import RawRecord, header_text, headers_dict
+from streams.progress import EXIT_STOP_TIMEOUT, STOP_GRACE_S, Progress, Stopping
+from streams.records import (
+    OutRecord,
+    RawRecord,
+    dead_letter_record,
+    header_text,
+    headers_dict,
+    parse_keyed,
+)
 from streams.routing import route
-from streams.sending import RecordSender
+from streams.rules import open_instances_warning
+from streams.sending import DeadLetters, RecordSender
 from streams.store import SWEEP_FLUSH_KEYS, StateStore
 from streams.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
-from streams.transactions import PartitionTransactions
+from streams.transactions import PartitionTransactions, RecordsRefused
 
 log = logging.getLogger(__name__)
 
 SWEEP_LIMIT = 50_000
 MAX_PARTS_IN_FLIGHT = 2
 """Per partition: emit parts planned ahead while earlier ones are written."""
-STOP_GRACE_S = 30.0
-"""How long a stopping worker waits for each stage's batch in flight."""
+FINISH_SHARE = 0.5
+"""Of the grace period (STOP_GRACE_S), the part batches in hand may take to finish; the rest
+is for abandoning what did not, closing the clients and Faust's own shutdown."""
 
 
 def _load() -> Settings:
@@ -120,6 +140,27 @@ class _Part:
     done: asyncio.Future[None] = field(init=False)
 
 
+def _dead_letter_once(
+    origins: dict[int, tuple[RawRecord, bytes | None]], dead_letter_topic: str
+) -> Callable[[OutRecord, str], OutRecord | None]:
+    """Stage one's replacement of a keyed record Kafka refused: a dead letter of the delivery
+    it came from, once per delivery (its other records may have been written: a replay after
+    the fix gives duplicates, which the emit stage drops)."""
+    lettered: set[int] = set()
+
+    def replace(record: OutRecord, reason: str) -> OutRecord | None:
+        origin = origins.get(id(record))
+        if origin is None:
+            return DeadLetters(dead_letter_topic, "normalize")(record, reason)
+        raw, key = origin
+        if id(raw) in lettered:
+            return None
+        lettered.add(id(raw))
+        return dead_letter_record(dead_letter_topic, raw, key, reason, "normalize")
+
+    return replace
+
+
 class Pipeline:
     """The two stages, their producers and the state store of one worker."""
 
@@ -129,19 +170,37 @@ class Pipeline:
         """Called with the stage's name when work running outside a stage's loop fails."""
         self.normalize_group = f"{stream.app_id}-normalize"
         self.emit_group = f"{stream.app_id}-emit"
-        self.sender = RecordSender(settings.kafka.bootstrap_servers, f"{stream.app_id}-sender")
+        self.progress = Progress()
+        self.dead_letters = DeadLetters(stream.dead_letter_topic, "emit")
+        self.sender = RecordSender(
+            settings.kafka.bootstrap_servers,
+            f"{stream.app_id}-sender",
+            self.progress,
+            self.dead_letters,
+        )
         self.transactions = (
-            PartitionTransactions(settings.kafka.bootstrap_servers, stream.app_id, self.emit_group)
+            PartitionTransactions(
+                settings.kafka.bootstrap_servers, stream.app_id, self.emit_group, self.progress
+            )
             if stream.processing_guarantee == "exactly_once"
             else None
         )
-        self.store = StateStore(
-            stream.data_dir / f"{stream.app_id}-state",
-            {
-                SEEN: changelog_topic(settings, SEEN_TABLE),
-                MARKS: changelog_topic(settings, MARKS_TABLE),
-            },
-        )
+        self.sweeping: asyncio.Task[Any] | None = None
+        """The dedupe sweep running now, to cancel on stop."""
+        changelogs = {
+            SEEN: changelog_topic(settings, SEEN_TABLE),
+            MARKS: changelog_topic(settings, MARKS_TABLE),
+        }
+        self.tables_by_changelog = {topic: table for table, topic in changelogs.items()}
+        self.store = StateStore(stream.data_dir / f"{stream.app_id}-state", changelogs)
+        self.outcome_by_topic = {
+            topic: outcome
+            for instance in settings.instances
+            for topic, outcome in (
+                (instance.output_topic, "emitted"),
+                (instance.stale_output_topic, "stale"),
+            )
+        }
         self._emitting: dict[int, list[_Part]] = {}
         """Per partition, the emit parts planned but not yet in the local state, oldest first."""
         within_ms = int(stream.batch_within_s * 1000)
@@ -173,16 +232,50 @@ class Pipeline:
     async def start(self) -> None:
         await self.sender.start()
         for group, loop in ((self.normalize_group, self.normalize), (self.emit_group, self.emit)):
-            await _adopt_offsets(group, loop.topics)
-            await _start_consumer(loop.consumer)
+            await _adopt_offsets(group, loop.topics, self.progress)
+            await _start_consumer(loop.consumer, self.progress)
 
-    async def stop(self) -> None:
-        for loop in (self.normalize, self.emit):
-            await loop.consumer.stop()
+    async def stop(self, deadline: float) -> None:
+        """Close the clients, each within what is left until `deadline` (loop time): one that
+        cannot finish in time (Kafka away) is abandoned. The state store is closed anyway."""
+        loop = asyncio.get_running_loop()
+        closing: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            (f"the {stage.name} consumer", stage.consumer.stop)
+            for stage in (self.normalize, self.emit)
+        ]
         if self.transactions is not None:
-            await self.transactions.stop()
-        await self.sender.stop()
-        self.store.close()
+            closing.append(("the transactional producers", self.transactions.stop))
+        closing.append(("the producer", self.sender.stop))
+        try:
+            for what, close in closing:
+                try:
+                    await asyncio.wait_for(close(), max(0.1, deadline - loop.time()))
+                except TimeoutError:
+                    log.warning("stopping: %s did not close in time; abandoned", what)
+                except Exception:
+                    log.warning("stopping: closing %s failed", what, exc_info=True)
+        finally:
+            self.store.close()
+
+    def abort(self) -> None:
+        """Stop every write still waiting for Kafka: retries end (Stopping), the parts in
+        flight and the sweep are cancelled. Their input offsets are not committed."""
+        self.progress.stop()
+        for in_flight in self._emitting.values():
+            for part in in_flight:
+                part.done.cancel()
+        if self.sweeping is not None:
+            self.sweeping.cancel()
+
+    def status(self) -> dict[str, dict[str, object]]:
+        """Per stage: whether it has its partitions (and state), and what it is stuck on."""
+        stuck = self.progress.stuck()
+        stages: dict[str, dict[str, object]] = {
+            loop.name: {"assigned": loop.ready, **stuck.pop(loop.name, {})}
+            for loop in (self.normalize, self.emit)
+        }
+        stages.update(stuck)  # the sweep
+        return stages
 
     async def restore(self, assigned: set[TopicPartition]) -> None:
         """Before the emit stage handles a partition: fence its earlier owner (exactly_once),
@@ -198,9 +291,10 @@ class Pipeline:
                 )
                 break
             except KafkaError as exc:  # Kafka away: what was applied stays, the rest is read again
-                log.warning("restoring state failed (%r); retrying in %.1f s", exc, delay)
-                await asyncio.sleep(delay)
+                self.progress.trouble("emit", "restore", f"restoring state failed ({exc!r})")
+                await self.progress.pause(delay)
                 delay = min(delay * 2, 5.0)
+        self.progress.recovered("emit")
         log.info(
             "state of %d partitions restored: %d changelog records in %.2f s",
             restored.partitions,
@@ -210,7 +304,8 @@ class Pipeline:
 
     async def handle_raw_batch(self, batch: Batch) -> None:
         """Normalize and repartition one batch of raw deliveries."""
-        records = []
+        records: list[OutRecord] = []
+        origins: dict[int, tuple[RawRecord, bytes | None]] = {}
         received: Counter[str] = Counter()
         normalized: Counter[str] = Counter()
         filtered: Counter[tuple[str, str]] = Counter()
@@ -232,13 +327,19 @@ class Pipeline:
                         message.offset,
                         routed.dead_letter_reason,
                     )
+                else:
+                    for record in routed.records:
+                        origins[id(record)] = (raw, message.key)
                 records.extend(routed.records)
         for source, count in received.items():
             metrics.RECEIVED.labels(source).inc(count)
             metrics.NORMALIZED.labels(source).inc(normalized[source])
         for (instance, reason), count in filtered.items():
             metrics.FILTERED.labels(instance, reason).inc(count)
-        await self.sender.send_all(records)
+        dead_letter = _dead_letter_once(origins, settings.stream.dead_letter_topic)
+        sent = await self.sender.send_all(records, "normalize", dead_letter)
+        lettered = sum(refused.replacement is not None for refused in sent.refused)
+        metrics.DEAD_LETTERED.labels("normalize").inc(lettered)
 
     async def handle_keyed_batch(self, batch: Batch) -> None:
         """Dedupe, order and emit one batch of keyed events, per input partition.
@@ -277,11 +378,14 @@ class Pipeline:
             await self.drain_emits()
 
     async def drain_emits(self) -> None:
-        """Wait for every part in flight; raise the first that failed."""
+        """Wait for every part in flight; raise the first that failed (parts cancelled by a
+        stop are abandoned, not failed)."""
         parts = [part.done for in_flight in self._emitting.values() for part in in_flight]
         results = await asyncio.gather(*parts, return_exceptions=True)
         for result in results:
-            if isinstance(result, BaseException):
+            if isinstance(result, BaseException) and not isinstance(
+                result, asyncio.CancelledError | Stopping
+            ):
                 raise result
 
     async def _write(
@@ -292,22 +396,34 @@ class Pipeline:
         previous: asyncio.Future[None] | None,
     ) -> None:
         """Write a planned part's outputs and changelog (in one transaction for
-        exactly_once), then its local state."""
+        exactly_once), then its local state. Records Kafka refuses are replaced (dead
+        letters) and the plan's writes follow: what is applied locally is what was written."""
         try:
             if previous is not None:
                 await previous  # its failure is this part's too: the partition stops here
             plan = part.plan
-            changelog_records = self.store.changelog_records(plan.writes)
+
+            def replace(record: OutRecord, reason: str) -> OutRecord | None:
+                return self._replace_refused(plan, inputs, record, reason)
+
             if self.transactions is not None:
                 offsets = {tp: inputs[-1].offset + 1}
-                written = await self.transactions.commit(
-                    tp.partition, [*plan.outputs, *changelog_records], offsets
-                )
+                while True:
+                    changelog_records = self.store.changelog_records(plan.writes)
+                    try:
+                        written = await self.transactions.commit(
+                            tp.partition, [*plan.outputs, *changelog_records], offsets
+                        )
+                        break
+                    except RecordsRefused as exc:  # aborted: replace them, then again
+                        self._replace_in_plan(plan, inputs, exc.refused)
                 failpoints.reached("after-output")
             else:
-                await self.sender.send_all(plan.outputs)
+                await self.sender.send_all(plan.outputs, "emit", replace)
                 failpoints.reached("after-output")
-                written = await self.sender.send_all(changelog_records)
+                changelog_records = self.store.changelog_records(plan.writes)
+                sent = await self.sender.send_all(changelog_records, "emit", replace)
+                written = sent.acknowledged
             acknowledged_at = time.time()
             self.store.apply(plan.writes, written)
             self._emitting[tp.partition].remove(part)
@@ -319,11 +435,64 @@ class Pipeline:
             for instance, received_at in plan.received_at:
                 with contextlib.suppress(ValueError):  # a bridge's unreadable received-at header
                     metrics.LATENCY.labels(instance).observe(acknowledged_at - float(received_at))
+        except Stopping:
+            raise
         except Exception as exc:
             # Nobody awaits this task before the next batch of its partition, which may
             # never come: stop the worker now, as a failing stage loop does.
             await self.stop_on_failure("emit", exc)
             raise
+
+    def _replace_refused(
+        self, plan: EmitPlan, inputs: Sequence[KeyedInput], record: OutRecord, reason: str
+    ) -> OutRecord | None:
+        """What replaces an emit record Kafka refused, with the plan adjusted to it.
+
+        An output or stale record: a dead letter of the keyed record it came from, whose
+        dedupe id is no longer recorded (a replay of the dead letter after the fix is no
+        duplicate); its key's ordering mark stays, at worst making an older event stale. A
+        changelog record: nothing, and its write is not applied locally either (the state
+        stays what the changelog says). A dead letter: streams.sending.DeadLetters."""
+        table = self.tables_by_changelog.get(record.topic)
+        if table is not None:
+            assert record.partition is not None and record.key is not None
+            plan.writes.get((table, record.partition), {}).pop(record.key, None)
+            log.error("dropped a changelog record Kafka refused (%s): %s", table, reason)
+            return None
+        if record.topic == self.dead_letters.topic:
+            return self.dead_letters(record, reason)
+        item = next((item for item in inputs if item.value is record.value), None)
+        if item is None:  # its value is not an input's (a keyed record of the first format)
+            item = next((item for item in inputs if item.value == record.value), None)
+        outcome = self.outcome_by_topic.get(record.topic)
+        if item is None:
+            return self.dead_letters(record, reason)
+        with contextlib.suppress(ValueError):
+            event = parse_keyed(item.value, item.headers)
+            seen = plan.writes.get((SEEN, item.partition), {})
+            seen.pop(seen_key(event.instance, event.id), None)
+            if outcome is not None:
+                plan.outcomes[(event.instance, outcome)] -= 1
+                plan.outcomes[(event.instance, "dead_letter")] += 1
+        raw = RawRecord(item.topic, item.value, item.headers)
+        return dead_letter_record(self.dead_letters.topic, raw, item.key, reason, "emit")
+
+    def _replace_in_plan(
+        self, plan: EmitPlan, inputs: Sequence[KeyedInput], refused: list[tuple[OutRecord, str]]
+    ) -> None:
+        """The transactional path: replace the refused records in the plan itself."""
+        for record, reason in refused:
+            replacement = self._replace_refused(plan, inputs, record, reason)
+            outcome = "dead-lettered" if replacement is not None else "dropped"
+            metrics.REFUSED.labels(record.topic, outcome).inc()
+            log.error("%s; %s", reason, outcome)
+            index = next((n for n, output in enumerate(plan.outputs) if output is record), None)
+            if index is None:
+                continue  # a changelog record: its write is gone from the plan
+            if replacement is None:
+                del plan.outputs[index]
+            else:
+                plan.outputs[index] = replacement
 
     async def sweep(self, now: float) -> None:
         """Forget dedupe entries past their TTL, locally and (by tombstones) in the changelog."""
@@ -334,15 +503,20 @@ class Pipeline:
                 writes[(SEEN, partition)] = dict.fromkeys(expired)
         if not writes:
             return
-        written = await self.sender.send_all(self.store.changelog_records(writes))
-        self.store.apply(writes, written)
+
+        def drop(record: OutRecord, reason: str) -> None:
+            assert record.partition is not None and record.key is not None
+            writes[(SEEN, record.partition)].pop(record.key, None)  # kept, for a later sweep
+
+        sent = await self.sender.send_all(self.store.changelog_records(writes), "sweep", drop)
+        self.store.apply(writes, sent.acknowledged)
         for (table, partition), keys in writes.items():
             if len(keys) >= SWEEP_FLUSH_KEYS:
                 self.store.flush(table, partition)
         metrics.EXPIRED.inc(sum(len(keys) for keys in writes.values()))
 
 
-async def _adopt_offsets(group: str, topics: list[str]) -> None:
+async def _adopt_offsets(group: str, topics: list[str], progress: Progress) -> None:
     """A stage group's first start after an upgrade from the Faust agents: streams.offsets."""
     delay = 0.5
     while True:
@@ -353,11 +527,11 @@ async def _adopt_offsets(group: str, topics: list[str]) -> None:
             return
         except KafkaError as exc:
             log.warning("reading committed offsets failed (%r); retrying in %.1f s", exc, delay)
-            await asyncio.sleep(delay)
+            await progress.pause(delay)
             delay = min(delay * 2, 5.0)
 
 
-async def _start_consumer(consumer: AIOKafkaConsumer) -> None:
+async def _start_consumer(consumer: AIOKafkaConsumer, progress: Progress) -> None:
     delay = 0.5
     while True:
         try:
@@ -365,7 +539,7 @@ async def _start_consumer(consumer: AIOKafkaConsumer) -> None:
             return
         except Exception as exc:  # aiokafka raises several kinds while Kafka is away
             log.warning("consumer cannot reach Kafka (%r); retrying in %.1f s", exc, delay)
-            await asyncio.sleep(delay)
+            await progress.pause(delay)
             delay = min(delay * 2, 5.0)
 
 
@@ -407,6 +581,9 @@ class PipelineService(faust.Service):
 
     async def on_start(self) -> None:
         global running
+        open_instances = open_instances_warning(settings.instances)
+        if open_instances is not None:
+            log.warning("%s", open_instances)
         running = Pipeline(self._stop_on_failure)
         await running.start()
         self._stages = [
@@ -414,25 +591,46 @@ class PipelineService(faust.Service):
         ]
 
     async def on_stop(self) -> None:
-        # Let each stage finish the batch in hand (holding its lock keeps the next one out),
-        # then stop the stages and their clients. A batch that cannot finish in time (Kafka
-        # away) is abandoned uncommitted, so it is read again.
+        """Within STOP_GRACE_S of now, whatever Kafka does: let each stage finish the batch
+        in hand for the first FINISH_SHARE of it (holding its lock keeps the next one out),
+        then abandon what did not finish (uncommitted, so read again on the next start),
+        stop the stages and close the clients. A watchdog ends the process at the deadline
+        (EXIT_STOP_TIMEOUT) should anything still hang there."""
+        _arm_stop_watchdog(STOP_GRACE_S)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_GRACE_S - 2.0  # Faust's own shutdown comes after
+        finish_by = loop.time() + STOP_GRACE_S * FINISH_SHARE
         stages = getattr(self, "_stages", [])
         held = []
         if running is not None:
-            for loop in (running.normalize, running.emit):
+            for stage_loop in (running.normalize, running.emit):
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(loop.lock.acquire(), STOP_GRACE_S)
-                    held.append(loop.lock)
+                    await asyncio.wait_for(
+                        stage_loop.lock.acquire(), max(0.0, finish_by - loop.time())
+                    )
+                    held.append(stage_loop.lock)
             with contextlib.suppress(Exception):  # a failure was logged by its stage
-                await asyncio.wait_for(running.drain_emits(), STOP_GRACE_S)
+                await asyncio.wait_for(running.drain_emits(), max(0.0, finish_by - loop.time()))
+            unfinished = running.progress.stuck() or (len(held) < 2)
+            if unfinished:
+                log.warning(
+                    "stopping: abandoning the batches that could not finish in %.0f s "
+                    "(they are read again on the next start): %s",
+                    STOP_GRACE_S * FINISH_SHARE,
+                    running.status(),
+                )
+            running.abort()
         for stage in stages:
             stage.cancel()
-        await asyncio.gather(*stages, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*stages, return_exceptions=True),
+                max(0.1, deadline - loop.time()),
+            )
         for lock in held:
             lock.release()  # leaving the group calls the revoke callback, which takes it
         if running is not None:
-            await running.stop()
+            await running.stop(deadline)
 
     async def _run(self, loop: BatchLoop) -> None:
         try:
@@ -446,6 +644,9 @@ class PipelineService(faust.Service):
     async def _stop_on_failure(self, stage: str, exc: BaseException) -> None:
         # A stage never fails on bad input (that is dead-lettered) nor on Kafka being away
         # (that is retried): this is a bug or a broken disk. Stop rather than stall silently.
+        if running is not None and running.progress.stopping:
+            log.info("the %s stage ended while stopping: %r", stage, exc)
+            return
         if self._failed:
             return
         self._failed = True
@@ -458,10 +659,19 @@ async def sweep_expired_ids() -> None:
     if running is None:
         return
     # One at a time with the emit stage, so a sweep never deletes an id a batch just recorded.
-    async with running.emit.lock:
-        if running.emit.ready:
-            await running.drain_emits()
-            await running.sweep(time.time())
+    if running.progress.stopping:
+        return
+    running.sweeping = asyncio.current_task()
+    try:
+        async with running.emit.lock:
+            if running.emit.ready:
+                await running.drain_emits()
+                await running.sweep(time.time())
+    except (asyncio.CancelledError, Stopping):
+        if not running.progress.stopping:
+            raise
+    finally:
+        running.sweeping = None
 
 
 @app.page("/metrics")
@@ -471,7 +681,29 @@ async def metrics_page(web: Any, request: Any) -> Any:
 
 @app.page("/ready")
 async def ready_page(web: Any, request: Any) -> Any:
-    """200 once both stages have their partitions and the state is restored; 503 before."""
-    ready = running is not None and running.ready
-    body = {"ready": ready, "tables_recovered": running is not None and running.emit.ready}
+    """200 once both stages have their partitions and the state is restored, and no stage
+    has been unable to make progress for streams.progress.STUCK_AFTER_S; else 503, with
+    each stage's state and what it is stuck on (`why`, `for_s`)."""
+    stages = running.status() if running is not None else {}
+    stuck = any("why" in stage for stage in stages.values())
+    ready = running is not None and running.ready and not stuck
+    body = {
+        "ready": ready,
+        "tables_recovered": running is not None and running.emit.ready,
+        "stages": stages,
+    }
     return web.json(body, status=200 if ready else 503)
+
+
+def _arm_stop_watchdog(grace_s: float) -> None:
+    """End the process `grace_s` from now if it has not ended by then: a thread, so that it
+    fires even when the event loop is blocked."""
+
+    def expire() -> None:
+        log.error("stopping took longer than %.0f s: exiting now", grace_s)
+        logging.shutdown()
+        os._exit(EXIT_STOP_TIMEOUT)
+
+    timer = threading.Timer(grace_s, expire)
+    timer.daemon = True
+    timer.start()

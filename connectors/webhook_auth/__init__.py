@@ -13,8 +13,6 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from cryptography import x509
-
 from connectors.webhook_auth import (
     appwrite,
     azure,
@@ -50,18 +48,30 @@ def _read(path: Path, field: str, source: str) -> bytes:
         ) from None
 
 
-def _secret(name: str | None, environ: Mapping[str, str], field: str, source: str) -> str | None:
+def _secret(
+    name: str | None,
+    environ: Mapping[str, str],
+    field: str,
+    source: str,
+    without: str = "the route stays off (404)",
+) -> str | None:
+    """The secret in environment variable `name`; None (and a warning naming the variable)
+    when it is unset, empty or only whitespace: a blank secret would admit a blank credential
+    (`Authorization: Bearer ` with no token), so it is no secret and the route stays off."""
     if name is None:
         return None
-    value = environ.get(name) or None
-    if value is None:
-        log.error(
-            "webhook route %s: environment variable %s (webhook.routes.%s.%s) is not set",
+    value = environ.get(name)
+    if value is None or not value.strip():
+        log.warning(
+            "webhook route %s: environment variable %s (webhook.routes.%s.%s) is %s: %s",
             source,
             name,
             source,
             field,
+            "not set" if value is None else "empty or blank",
+            without,
         )
+        return None
     return value
 
 
@@ -95,6 +105,31 @@ def build_authenticator(
     return Insecure(source), False
 
 
+def _sns_anchors(route: WebhookRouteConfig) -> s3.TrustAnchors:
+    """The CAs SNS signing certificates must chain to: `trusted_ca_file`, else the system's."""
+    if route.trusted_ca_file is not None:
+        data = _read(route.trusted_ca_file, "trusted_ca_file", "s3")
+        try:
+            return s3.TrustAnchors(
+                s3.load_authorities(data), f"trusted_ca_file {route.trusted_ca_file}"
+            )
+        except ValueError as exc:
+            raise ConfigError(
+                f"webhook.routes.s3.trusted_ca_file: not a PEM bundle: {exc}"
+            ) from None
+    try:
+        path, certificates = s3.system_trust_store()
+    except ValueError as exc:
+        raise ConfigError(f"webhook.routes.s3.trusted_ca_file: {exc}") from None
+    log.info(
+        "webhook route s3: SNS signing certificates must chain to the system trust store %s "
+        "(%d CAs; webhook.routes.s3.trusted_ca_file replaces it)",
+        path,
+        len(certificates),
+    )
+    return s3.TrustAnchors(certificates, f"system trust store {path}")
+
+
 def _secure(
     source: str,
     route: WebhookRouteConfig,
@@ -109,23 +144,16 @@ def _secure(
             url: _read(path, "certificate_files", source)
             for url, path in route.certificate_files.items()
         }
-        trusted: tuple[x509.Certificate, ...] = ()
-        if route.trusted_ca_file is not None:
-            data = _read(route.trusted_ca_file, "trusted_ca_file", source)
-            try:
-                trusted = s3.load_authorities(data)
-            except ValueError as exc:
-                raise ConfigError(
-                    f"webhook.routes.s3.trusted_ca_file: not a PEM bundle: {exc}"
-                ) from None
-        store = s3.CertificateStore(services.http_get, files, route.certificate_cache_s)
+        store = s3.CertificateStore(
+            services.http_get, files, route.certificate_cache_s, _sns_anchors(route)
+        )
         return s3.SnsMessages(
             source,
             frozenset(route.topic_arns),
             store,
-            trusted,
             services.http_get,
             route.confirm_subscriptions,
+            route.max_message_age_s,
         )
     if source == "gcs":
         oidc: gcs.OidcPolicy | None = None
@@ -172,7 +200,13 @@ def _secure(
     if source == "b2":
         return b2.B2Signature(source, secret)
     if source == "box":
-        secondary = _secret(route.secondary_secret_env, environ, "secondary_secret_env", source)
+        secondary = _secret(
+            route.secondary_secret_env,
+            environ,
+            "secondary_secret_env",
+            source,
+            "only the primary key is checked",
+        )
         return box.BoxSignature(source, secret, secondary, route.replay_window(source))
     if source == "cloudinary":
         return cloudinary.CloudinarySignature(
@@ -180,5 +214,6 @@ def _secure(
         )
     if source == "appwrite":
         assert route.url is not None  # checked by the config
-        return appwrite.AppwriteSignature(source, secret, route.url)
+        memory = appwrite.EventMemory(route.event_memory, route.event_memory_s)
+        return appwrite.AppwriteSignature(source, secret, route.url, memory)
     raise ConfigError(f"webhook.routes.{source}: no authenticator for this source")

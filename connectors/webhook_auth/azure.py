@@ -74,9 +74,14 @@ class EventGrid:
             given, where = request.header(self.header), f"header {self.header}"
         else:
             given, where = request.query.get(self.query_param), f"query {self.query_param}"
-        if given is None:
+        if not given:
             return reject("missing-credentials", f"no secret in {where}")
         return None if same(given, self.secret) else reject("bad-credentials", f"{where} wrong")
+
+    async def before_body(self, request: RequestFacts) -> Verdict | None:
+        """The secret is in the query or a header: checked before the body is read (and so
+        before a validation handshake's JSON is parsed)."""
+        return self._credentials(request)
 
     async def authenticate(self, request: RequestFacts) -> Verdict:
         refused = self._credentials(request)

@@ -35,15 +35,23 @@ class B2Signature:
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset()
 
-    async def authenticate(self, request: RequestFacts) -> Verdict:
+    async def before_body(self, request: RequestFacts) -> Verdict | None:
+        """A signature header with a `v1=` part is there (the HMAC needs the body)."""
         given = request.header(HEADER)
         if not given or not given.strip():
             return reject("missing-signature", f"no {HEADER} header")
-        expected = signature(self.secret, request.body)
-        candidates = [part.strip() for part in given.split(",") if part.strip()]
-        versions = {part.partition("=")[0].lower() for part in candidates}
+        versions = {part.strip().partition("=")[0].lower() for part in given.split(",")}
         if VERSION not in versions:
             return reject("wrong-algorithm", f"no {VERSION} signature in {HEADER}")
+        return None
+
+    async def authenticate(self, request: RequestFacts) -> Verdict:
+        refused = await self.before_body(request)
+        if refused is not None:
+            return refused
+        given = request.header(HEADER) or ""
+        expected = signature(self.secret, request.body)
+        candidates = [part.strip() for part in given.split(",") if part.strip()]
         matched = False
         for part in candidates:
             version, _, value = part.partition("=")

@@ -10,6 +10,12 @@ lower-cased headers, raw body, the bridge's clock reading) and answers with a `V
   could not check, e.g. a signing certificate it could not fetch) and a short reason that
   becomes the `reason` label of `bridge_webhook_rejected`.
 
+An authenticator whose scheme puts the credential (or what can be checked of it) in the
+headers or the query string also offers `before_body` (`ChecksBeforeBody`): the bridge asks
+it before it reads the body, with `body == b""`, so that a request without a valid secret is
+refused before its body is read, held or parsed. `authenticate` still decides on the whole
+request, repeating those checks.
+
 Outbound I/O (fetching SNS certificates and Google's keys, confirming SNS subscriptions) and
 the clock come from `Services`, so tests inject their own and never leave the machine.
 """
@@ -22,7 +28,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 PUBLISH: Literal["publish"] = "publish"
 RESPOND: Literal["respond"] = "respond"
@@ -102,6 +108,16 @@ class Authenticator(Protocol):
     async def authenticate(self, request: RequestFacts) -> Verdict: ...
 
 
+@runtime_checkable
+class ChecksBeforeBody(Protocol):
+    """An authenticator that can refuse a request from its head alone."""
+
+    async def before_body(self, request: RequestFacts) -> Verdict | None:
+        """A rejection decided from method, URL, query and headers (`request.body` is
+        empty), or None: read the body and call `authenticate`."""
+        ...
+
+
 @dataclass(frozen=True)
 class HttpResult:
     status: int
@@ -149,8 +165,9 @@ FETCH_ERRORS = (OSError, asyncio.TimeoutError, ValueError, RecursionError)
 
 
 def same(given: str | bytes | None, expected: str | bytes) -> bool:
-    """Constant-time equality; a missing value never matches."""
-    if given is None:
+    """Constant-time equality; a missing or empty value never matches (not even an empty
+    expected value: a blank secret is never a credential)."""
+    if not given or not expected:
         return False
     left = given.encode() if isinstance(given, str) else given
     right = expected.encode() if isinstance(expected, str) else expected
@@ -190,10 +207,13 @@ class SharedSecretHeader:
     def secret_headers(self) -> frozenset[str]:
         return frozenset({self.header.lower()})
 
-    async def authenticate(self, request: RequestFacts) -> Verdict:
+    async def before_body(self, request: RequestFacts) -> Verdict | None:
         given = request.header(self.header)
-        if given is None:
+        if not given:
             return reject("missing-credentials", f"no {self.header} header")
         if not same(given, self.secret):
             return reject("bad-credentials", f"{self.header} does not match")
-        return publish()
+        return None
+
+    async def authenticate(self, request: RequestFacts) -> Verdict:
+        return await self.before_body(request) or publish()

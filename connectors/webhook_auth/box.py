@@ -35,15 +35,23 @@ def signature(key: str, body: bytes, timestamp: str) -> str:
     return base64.b64encode(digest.digest()).decode("ascii")
 
 
+MAX_TIMESTAMP_CHARS = 64
+"""Far more than RFC 3339 needs (`2016-07-11T10:10:33.123456-07:00` is 32)."""
+
+
 def parse_timestamp(value: str) -> float | None:
-    """RFC 3339 with an offset (`2016-07-11T10:10:33-07:00`) -> Unix seconds."""
+    """RFC 3339 with an offset (`2016-07-11T10:10:33-07:00`) -> Unix seconds; None for
+    anything else, however long or odd (never an exception)."""
+    text = value.strip()
+    if len(text) > MAX_TIMESTAMP_CHARS:
+        return None
     try:
-        parsed = datetime.fromisoformat(value.strip())
-    except ValueError:
+        parsed = datetime.fromisoformat(text)
+        if parsed.tzinfo is None:
+            return None
+        return parsed.timestamp()
+    except (ValueError, OverflowError, OSError):  # out of range once moved to UTC
         return None
-    if parsed.tzinfo is None:
-        return None
-    return parsed.timestamp()
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,9 @@ class BoxSignature:
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset()
 
-    async def authenticate(self, request: RequestFacts) -> Verdict:
+    async def before_body(self, request: RequestFacts) -> Verdict | None:
+        """Headers there, version and algorithm right, the timestamp inside the window (the
+        HMAC needs the body)."""
         timestamp = request.header(TIMESTAMP)
         primary, secondary = request.header(PRIMARY), request.header(SECONDARY)
         if timestamp is None or (primary is None and secondary is None):
@@ -67,6 +77,14 @@ class BoxSignature:
             return reject("malformed", "BOX-DELIVERY-TIMESTAMP is not RFC 3339 with an offset")
         if abs(request.now - sent_at) > self.window_s:
             return reject("replayed", f"delivery timestamp {timestamp} outside the window")
+        return None
+
+    async def authenticate(self, request: RequestFacts) -> Verdict:
+        refused = await self.before_body(request)
+        if refused is not None:
+            return refused
+        timestamp = request.header(TIMESTAMP) or ""
+        primary, secondary = request.header(PRIMARY), request.header(SECONDARY)
         matched = same(primary, signature(self.primary_key, request.body, timestamp))
         if self.secondary_key is not None:
             expected = signature(self.secondary_key, request.body, timestamp)

@@ -15,6 +15,7 @@ import binascii
 from dataclasses import dataclass
 
 from connectors.webhook_auth.base import (
+    PUBLISH,
     RequestFacts,
     SharedSecretHeader,
     Verdict,
@@ -37,9 +38,14 @@ class BasicAuth:
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset({"authorization"})
 
+    async def before_body(self, request: RequestFacts) -> Verdict | None:
+        """The whole check: the credentials are in the header."""
+        verdict = await self.authenticate(request)
+        return None if verdict.outcome == PUBLISH else verdict
+
     async def authenticate(self, request: RequestFacts) -> Verdict:
         scheme, credentials = split_authorization(request.header("authorization"))
-        if scheme != "basic":
+        if scheme != "basic" or not credentials:
             return reject("missing-credentials", "no Basic Authorization header")
         try:
             decoded = base64.b64decode(credentials, validate=True)

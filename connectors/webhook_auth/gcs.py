@@ -27,6 +27,7 @@ import jwt
 
 from connectors.webhook_auth.base import (
     FETCH_ERRORS,
+    PUBLISH,
     HttpGet,
     RequestFacts,
     Verdict,
@@ -134,16 +135,22 @@ class PubSubPush:
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset({"authorization"})
 
-    async def authenticate(self, request: RequestFacts) -> Verdict:
+    async def before_body(self, request: RequestFacts) -> Verdict | None:
+        """The whole check: the token and the shared secret are in the head of the request
+        (the OIDC token is not bound to the body)."""
         if self.token is not None:
             given = request.query.get(self.token_param)
-            if given is None:
+            if not given:
                 return reject("missing-credentials", f"no {self.token_param} query parameter")
             if not same(given, self.token):
                 return reject("bad-credentials", "push token does not match")
         if self.oidc is not None and self.keys is not None:
-            return await self._oidc(request, self.oidc, self.keys)
-        return publish()
+            verdict = await self._oidc(request, self.oidc, self.keys)
+            return None if verdict.outcome == PUBLISH else verdict
+        return None
+
+    async def authenticate(self, request: RequestFacts) -> Verdict:
+        return await self.before_body(request) or publish()
 
     async def _oidc(self, request: RequestFacts, policy: OidcPolicy, keys: GoogleKeys) -> Verdict:
         scheme, token = split_authorization(request.header("authorization"))

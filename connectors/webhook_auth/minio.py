@@ -34,11 +34,15 @@ class MinioToken:
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset({"authorization"})
 
-    async def authenticate(self, request: RequestFacts) -> Verdict:
+    async def before_body(self, request: RequestFacts) -> Verdict | None:
+        """The whole check: the token is in the header."""
         scheme, credentials = split_authorization(request.header("authorization"))
-        if not scheme:
-            return reject("missing-credentials", "no Authorization header")
+        if not scheme or not credentials:
+            return reject("missing-credentials", "no Authorization header with a token")
         want_scheme, want = expected_authorization(self.auth_token)
         # Both compared, always: no early exit that would time the scheme separately.
         matches = same(credentials, want) & (scheme == want_scheme)
-        return publish() if matches else reject("bad-credentials", "token does not match")
+        return None if matches else reject("bad-credentials", "token does not match")
+
+    async def authenticate(self, request: RequestFacts) -> Verdict:
+        return await self.before_body(request) or publish()

@@ -15,6 +15,22 @@ Accepted bodies (nested at most three deep, so every wrapper of one change gives
     * Lambda events whose records wrap one: `Records[].Sns.Message` (SNS) or
       `Records[].body` with `eventSource` `aws:sqs` (SQS).
 
+SNS envelopes: only what was signed is read (issue 13). SNS signs `Message`, `MessageId`,
+`Subject`, `Timestamp`, `TopicArn` and `Type` of a Notification
+(https://docs.aws.amazon.com/sns/latest/dg/sns-verify-signature-of-message.html); the payload
+of an envelope is its `Message` and nothing else. A body is an envelope when it carries any
+SNS field (`Type`, `Message`, `MessageId`, `TopicArn`, `Signature`, ...), and that is decided
+before `Records` is looked at: an envelope carrying a field SNS does not send
+(`SNS_NOTIFICATION_FIELDS`, from
+https://docs.aws.amazon.com/sns/latest/dg/http-notification-json.html plus the
+`MessageAttributes` SNS adds when the publisher set some), such as `Records` or `Event`, is
+MalformedDelivery: someone added unsigned content to a signed message. The same holds for a
+Lambda record's `Sns` object (Lambda's spelling `SigningCertUrl`/`UnsubscribeUrl`), for a
+Lambda SNS record carrying anything beside `EventSource`, `EventVersion`,
+`EventSubscriptionArn` and `Sns`, and for a `Records` array that mixes wrapped messages
+(SNS or SQS) with bare S3 records, which no AWS service sends. (FIFO topics add
+`SequenceNumber`; S3 cannot publish to FIFO topics, so it is not accepted.)
+
 Kinds (record `eventName`; an `s3:` prefix, as in some SDK test data and S3-compatible
 servers, is tolerated)
     * created: `ObjectCreated:*` (Put, Post, Copy, CompleteMultipartUpload, future ones);
@@ -78,6 +94,46 @@ _DELETE_MARKERS = {"ObjectRemoved:DeleteMarkerCreated", "LifecycleExpiration:Del
 _VERSION_DELETES = {"ObjectRemoved:Delete", "LifecycleExpiration:Delete"}
 _EVENT_SOURCES = frozenset({"aws:s3"})
 
+SNS_NOTIFICATION = "Notification"
+SNS_NOTIFICATION_FIELDS = frozenset(
+    {
+        "Type",
+        "MessageId",
+        "TopicArn",
+        "Subject",
+        "Message",
+        "Timestamp",
+        "SignatureVersion",
+        "Signature",
+        "SigningCertURL",
+        "UnsubscribeURL",
+        "MessageAttributes",
+    }
+)
+"""Every top-level field of an SNS Notification as SNS delivers it over HTTP(S) or to SQS."""
+SNS_CONFIRMATION_FIELDS = frozenset(
+    {
+        "Type",
+        "MessageId",
+        "Token",
+        "TopicArn",
+        "Message",
+        "SubscribeURL",
+        "Timestamp",
+        "SignatureVersion",
+        "Signature",
+        "SigningCertURL",
+    }
+)
+"""Every field of a SubscriptionConfirmation / UnsubscribeConfirmation (http-subscription-
+confirmation-json.html, http-unsubscribe-confirmation-json.html)."""
+SNS_MARKERS = SNS_NOTIFICATION_FIELDS | SNS_CONFIRMATION_FIELDS
+"""A body with any of these at its top level is an SNS message, whatever else it carries."""
+_LAMBDA_SNS_FIELDS = SNS_NOTIFICATION_FIELDS | {"SigningCertUrl", "UnsubscribeUrl"}
+_LAMBDA_SNS_RECORD_FIELDS = frozenset(
+    {"EventSource", "EventVersion", "EventSubscriptionArn", "Sns"}
+)
+
 
 def normalize(delivery: Delivery) -> list[FileEvent]:
     """Every created/deleted event in one S3 notification delivery, in record order."""
@@ -99,16 +155,29 @@ def classify(event_name: str) -> Kind | None:
 def _events(body: Any, depth: int) -> list[FileEvent]:
     if not isinstance(body, dict):
         raise MalformedDelivery("S3 notification is not a JSON object")
+    if not body.keys().isdisjoint(SNS_MARKERS):
+        # Before Records: an envelope's payload is its signed Message, never a field beside it.
+        message = sns_payload(body, SNS_NOTIFICATION_FIELDS, "SNS", "SNS Message")
+        return _events(_nested(message, "SNS Message", depth), depth + 1)
     if "Records" not in body:
-        return _unwrapped(body, depth)
+        if body.get("Event") == "s3:TestEvent":
+            return []  # sent once when a notification configuration is saved
+        raise MalformedDelivery("S3 notification has no Records (and is no SNS envelope)")
     records = body["Records"]
     if not isinstance(records, list):
         raise MalformedDelivery("Records is not a JSON array")
     events: list[FileEvent] = []
+    wrapped: bool | None = None
     for index, record in enumerate(records):
         if not isinstance(record, dict):
             raise MalformedDelivery(f"{_record_name(index)} is not a JSON object")
         inner = _wrapped_message(record, index)
+        if wrapped is not None and wrapped != (inner is not None):
+            raise MalformedDelivery(
+                f"{_record_name(index)}: Records mixes wrapped messages (Lambda SNS/SQS records) "
+                "with bare S3 records"
+            )
+        wrapped = inner is not None
         if inner is None:
             events.extend(record_events(record, index, SOURCE, classify, _EVENT_SOURCES))
         else:
@@ -116,24 +185,36 @@ def _events(body: Any, depth: int) -> list[FileEvent]:
     return events
 
 
-def _unwrapped(body: dict[str, Any], depth: int) -> list[FileEvent]:
-    """A body without Records: an SNS envelope, the test event, or garbage."""
-    if body.get("Event") == "s3:TestEvent":
-        return []  # sent once when a notification configuration is saved
-    if "Type" in body and "Message" in body:
-        if body["Type"] != "Notification":
-            raise MalformedDelivery(f"SNS message of Type {body['Type']!r} is not a notification")
-        message = require_str(body["Message"], "SNS Message")
-        return _events(_nested(message, "SNS Message", depth), depth + 1)
-    raise MalformedDelivery("S3 notification has no Records (and is no SNS envelope)")
+def sns_payload(
+    envelope: dict[str, Any], fields: AbstractSet[str], what: str, message_name: str
+) -> str:
+    """The `Message` of an SNS Notification that carries nothing SNS does not send."""
+    kind = envelope.get("Type")
+    if kind != SNS_NOTIFICATION:
+        text = repr(kind)
+        shown = text if len(text) <= 64 else text[:64] + "..."
+        raise MalformedDelivery(f"{what} message of Type {shown} is not a notification")
+    extra = sorted(name for name in envelope if name not in fields)
+    if extra:
+        shown = ", ".join(repr(name[:64]) for name in extra[:5])
+        raise MalformedDelivery(
+            f"{what} envelope carries fields SNS does not send (unsigned): {shown}"
+        )
+    return require_str(envelope.get("Message"), message_name)
 
 
 def _wrapped_message(record: dict[str, Any], index: int) -> str | None:
     """The S3 JSON a Lambda SNS/SQS record carries, or None for a plain S3 record."""
     if "Sns" in record:
         what = _record_name(index)
+        extra = sorted(name for name in record if name not in _LAMBDA_SNS_RECORD_FIELDS)
+        if extra:
+            shown = ", ".join(repr(name[:64]) for name in extra[:5])
+            raise MalformedDelivery(f"{what} wraps an SNS message and also carries {shown}")
         sns = require_dict(record["Sns"], f"{what}.Sns")
-        return require_str(sns.get("Message"), f"{what}.Sns.Message")
+        if "Type" not in sns:  # Lambda always sends it; tolerate its absence as before
+            sns = {**sns, "Type": SNS_NOTIFICATION}
+        return sns_payload(sns, _LAMBDA_SNS_FIELDS, f"{what}.Sns", f"{what}.Sns.Message")
     if record.get("eventSource") == "aws:sqs":
         return require_str(record.get("body"), f"{_record_name(index)}.body")
     return None

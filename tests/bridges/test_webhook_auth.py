@@ -23,6 +23,8 @@ from cryptography.hazmat.primitives import serialization
 from support.webhook_signing import (
     AWS_CERT_PEM,
     AWS_CERT_URL,
+    AWS_INTERMEDIATE_PEM,
+    AWS_INTERMEDIATE_URL,
     AWS_MESSAGE_SHA1,
     AWS_MESSAGE_SHA256,
     AWS_TOPIC_V1,
@@ -30,6 +32,7 @@ from support.webhook_signing import (
     AWS_VECTOR_TIME,
     FakeHttp,
     appwrite_signature,
+    aws_intermediate_der,
     b2_signature,
     box_signature,
     cloudinary_signature,
@@ -105,7 +108,12 @@ def refused(verdict: Verdict, reason: str, status: int = 401) -> bool:
 def aws_vector_route(tmp_path: Path, topics: tuple[str, ...] = (AWS_TOPIC_V1, AWS_TOPIC_V2)) -> Any:
     return {
         "topic_arns": list(topics),
-        "certificate_files": {AWS_CERT_URL: str(write(tmp_path / "aws.pem", AWS_CERT_PEM))},
+        # The leaf as SNS serves it, then its issuer: what an air-gapped host configures.
+        "certificate_files": {
+            AWS_CERT_URL: str(
+                write(tmp_path / "aws.pem", AWS_CERT_PEM + b"\n" + AWS_INTERMEDIATE_PEM)
+            )
+        },
     }
 
 
@@ -163,19 +171,27 @@ def test_sns_truncated_signature_and_unsigned_are_refused(tmp_path: Path) -> Non
     assert refused(check(sns, b"not json", now=AWS_VECTOR_TIME), "missing-signature")
 
 
-def test_sns_expired_certificate_is_refused(tmp_path: Path) -> None:
+def test_sns_vector_years_later_is_refused_before_its_expired_certificate(tmp_path: Path) -> None:
+    # Its certificate expired in 2022, but the signed Timestamp already refuses it, unfetched
+    # (an expired certificate: test_webhook_sns_certificates.py).
     sns = build("s3", aws_vector_route(tmp_path))
-    assert refused(check(sns, AWS_MESSAGE_SHA1, now=NOW), "bad-certificate")
+    assert refused(check(sns, AWS_MESSAGE_SHA1, now=NOW), "replayed")
 
 
 def test_sns_certificate_is_fetched_over_https_once_and_cached() -> None:
-    http = FakeHttp({AWS_CERT_URL: HttpResult(200, AWS_CERT_PEM)})
+    # The leaf from SNS, its issuer from the leaf's caIssuers URL, both once.
+    http = FakeHttp(
+        {
+            AWS_CERT_URL: HttpResult(200, AWS_CERT_PEM),
+            AWS_INTERMEDIATE_URL: HttpResult(200, aws_intermediate_der()),
+        }
+    )
     sns = build(
         "s3", {"topic_arns": [AWS_TOPIC_V1, AWS_TOPIC_V2]}, services=Services(http_get=http)
     )
     assert check(sns, AWS_MESSAGE_SHA1, now=AWS_VECTOR_TIME).outcome == PUBLISH
     assert check(sns, AWS_MESSAGE_SHA256, now=AWS_VECTOR_TIME).outcome == PUBLISH
-    assert http.asked == [AWS_CERT_URL]
+    assert http.asked == [AWS_CERT_URL, AWS_INTERMEDIATE_URL]
 
 
 def test_sns_certificate_that_cannot_be_fetched_asks_for_a_retry() -> None:
@@ -208,10 +224,10 @@ def test_sns_trusted_ca_override(tmp_path: Path) -> None:
             },
         },
     )
-    good = sns_message(pki.key, url, topic, version="2")
+    good = sns_message(pki.key, url, topic, version="2", timestamp=NOW)
     assert check(sns, json.dumps(good).encode()).outcome == PUBLISH
     # Correctly signed, by a certificate the trusted CA did not issue.
-    foreign = sns_message(stranger.key, other, topic, version="2")
+    foreign = sns_message(stranger.key, other, topic, version="2", timestamp=NOW)
     assert refused(check(sns, json.dumps(foreign).encode()), "bad-certificate")
 
 
@@ -228,7 +244,7 @@ def test_sns_certificate_not_issued_to_sns_is_refused(tmp_path: Path, common_nam
             "certificate_files": {url: str(write(tmp_path / "c.pem", pem(certificate)))},
         },
     )
-    message = sns_message(key, url, topic)
+    message = sns_message(key, url, topic, timestamp=NOW)
     assert refused(check(sns, json.dumps(message).encode()), "bad-certificate")
 
 
@@ -238,11 +254,12 @@ def test_sns_subscription_confirmation_is_confirmed_only_when_verified(tmp_path:
     topic = "arn:aws:sns:us-east-1:123456789012:uploads"
     route = {
         "topic_arns": [topic],
+        "trusted_ca_file": str(write(tmp_path / "ca.pem", pem(pki.ca))),
         "certificate_files": {url: str(write(tmp_path / "leaf.pem", pem(pki.certificate)))},
     }
     http = FakeHttp()
     sns = build("s3", route, services=Services(http_get=http))
-    confirmation = sns_message(pki.key, url, topic, kind="SubscriptionConfirmation")
+    confirmation = sns_message(pki.key, url, topic, kind="SubscriptionConfirmation", timestamp=NOW)
     forged = {**confirmation, "SubscribeURL": "https://sns.us-east-1.amazonaws.com/?evil"}
     assert refused(check(sns, json.dumps(forged).encode()), "bad-signature")
     assert http.asked == []

@@ -24,6 +24,7 @@ from support.kafka_io import Read, read_topic
 from support.webhook_signing import (
     AWS_CERT_PEM,
     AWS_CERT_URL,
+    AWS_INTERMEDIATE_PEM,
     AWS_MESSAGE_SHA1,
     AWS_MESSAGE_SHA256,
     AWS_TOPIC_V1,
@@ -32,6 +33,7 @@ from support.webhook_signing import (
     Answer,
     FakeHttp,
     Request,
+    amazon_root_pem,
     appwrite_signature,
     b2_signature,
     box_signature,
@@ -125,8 +127,12 @@ def test_s3_via_sns(kafka_bootstrap: str, tmp_path: Path) -> None:
     topic = "arn:aws:sns:eu-west-1:123456789012:uploads"
     route = {
         "topic_arns": [AWS_TOPIC_V1, AWS_TOPIC_V2, topic],
+        # Trusted: the test CA, and Amazon's root for the vectors signed by SNS itself.
+        "trusted_ca_file": str(write(tmp_path / "ca.pem", pem(pki.ca) + amazon_root_pem())),
         "certificate_files": {
-            AWS_CERT_URL: str(write(tmp_path / "aws.pem", AWS_CERT_PEM)),
+            AWS_CERT_URL: str(
+                write(tmp_path / "aws.pem", AWS_CERT_PEM + b"\n" + AWS_INTERMEDIATE_PEM)
+            ),
             own_url: str(write(tmp_path / "own.pem", pem(pki.certificate))),
         },
     }

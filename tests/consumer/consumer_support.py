@@ -9,12 +9,13 @@ from datetime import UTC, datetime
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.structs import RecordMetadata
+from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from fileevents import FileEvents
 from streams.event import FileEvent
 
 Header = tuple[str, bytes]
+NullableHeader = tuple[str, bytes | None]
 
 
 def unique(prefix: str) -> str:
@@ -79,6 +80,68 @@ async def produce_events(
         return list(await asyncio.gather(*futures))
     finally:
         await producer.stop()
+
+
+async def produce_records(
+    bootstrap: str,
+    topic: str,
+    records: Sequence[tuple[bytes | None, bytes | None, Sequence[NullableHeader]]],
+    max_request_size: int = 1048576,
+    partition: int | None = None,
+    transactional: bool = False,
+) -> list[RecordMetadata]:
+    """Write `(key, value, headers)` records in order, byte for byte, as an attacker
+    with write access to the topic would: any key, any value, null header values.
+    `transactional`: in one committed transaction, as the stream writes its events."""
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        max_request_size=max_request_size,
+        transactional_id=unique("writer") if transactional else None,
+    )
+    await producer.start()
+    try:
+        if transactional:
+            await producer.begin_transaction()
+        futures = [
+            await producer.send(topic, value, key=key, headers=list(headers), partition=partition)
+            for key, value, headers in records
+        ]
+        sent = list(await asyncio.gather(*futures))
+        if transactional:
+            await producer.commit_transaction()
+        return sent
+    finally:
+        await producer.stop()
+
+
+async def read_records(bootstrap: str, topic: str) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record of `topic` up to its end offsets now, as read: headers as a list (in
+    order, repeated names and null values kept), key and value as bytes."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        fetch_max_bytes=8 * 1024 * 1024,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+    )
+    await consumer.start()
+    try:
+        await consumer._client.add_topic(topic)
+        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        records: list[ConsumerRecord[bytes, bytes]] = []
+        deadline = asyncio.get_running_loop().time() + 30
+        while any([await consumer.position(tp) < ends[tp] for tp in partitions]):
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"reading {topic} did not reach its end offsets")
+            for batch in (await consumer.getmany(timeout_ms=500)).values():
+                records.extend(batch)
+        return sorted(records, key=lambda record: (record.partition, record.offset))
+    finally:
+        await consumer.stop()
 
 
 async def produce_aborted(bootstrap: str, topic: str, events: Sequence[FileEvent]) -> None:

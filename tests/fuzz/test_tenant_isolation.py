@@ -5,11 +5,19 @@ Pure: `streams.rules.apply_instance` for events, and `streams.routing.route` for
 deliveries (S3, whose keys are form-encoded on the wire, and GCS, whose keys are raw), so that
 the decoding of `%2F`, `+` and unicode happens before the rules and cannot smuggle a key into
 another tenant. The oracle below is written independently of `under_prefix`: path segments.
+
+Dot segments: an instance with a prefix hands its consumers the key relative to it, and they
+join it to a root of theirs. A key that, read the way a consumer or SDK might read it (as is,
+`\\` as a separator, percent-decoded until decoding changes nothing), resolves above that
+root at some point, or to the root itself, is not the instance's (`prefix-escape`). The
+oracle resolves each reading with `posixpath.normpath` under a root, prefix by prefix, rather
+than counting segments as streams.rules does.
 """
 
 from __future__ import annotations
 
 import json
+import posixpath
 import urllib.parse
 from datetime import UTC, datetime
 
@@ -52,6 +60,28 @@ path = st.lists(segment, min_size=1, max_size=5).map("/".join)
 BUCKETS = ["uploads", "uploads-b", None]
 
 
+ROOT = "/consumer-root"
+
+
+def readings(relative: str) -> list[str]:
+    """The ways a consumer might read a relative key: as is, percent-decoded again and again,
+    and each of those with backslashes as separators."""
+    found = [relative]
+    while (decoded := urllib.parse.unquote(found[-1])) != found[-1]:
+        found.append(decoded)
+    return found + [reading.replace("\\", "/") for reading in found]
+
+
+def resolves_outside(reading: str) -> bool:
+    """Whether joining `reading` to ROOT leaves ROOT on the way, or ends on ROOT itself."""
+    parts = reading.split("/")
+    for end in range(1, len(parts) + 1):
+        here = posixpath.normpath(ROOT + "/" + "/".join(parts[:end]))
+        if here != ROOT and not here.startswith(ROOT + "/"):
+            return True
+    return posixpath.normpath(ROOT + "/" + reading) == ROOT
+
+
 def oracle(key: str, bucket: str | None, instance: InstanceConfig) -> str | None:
     """The key the instance sees, or None when the event is not the instance's."""
     if instance.bucket is not None and bucket is not None and bucket != instance.bucket:
@@ -63,7 +93,11 @@ def oracle(key: str, bucket: str | None, instance: InstanceConfig) -> str | None
     if key_parts[: len(prefix_parts)] != prefix_parts:
         return None
     rest = "/".join(key_parts[len(prefix_parts) :])
-    return rest if len(key_parts) > len(prefix_parts) and rest else None
+    if len(key_parts) <= len(prefix_parts) or not rest:
+        return None
+    if any(resolves_outside(reading) for reading in readings(rest)):
+        return None
+    return rest
 
 
 @st.composite
@@ -82,7 +116,7 @@ def tenants(draw: st.DrawFn) -> list[InstanceConfig]:
 @st.composite
 def keys_for(draw: st.DrawFn, instances: list[InstanceConfig]) -> str:
     """Often under one of the prefixes (or a look-alike of one), else anything."""
-    choice = draw(st.integers(min_value=0, max_value=3))
+    choice = draw(st.integers(min_value=0, max_value=4))
     prefix = draw(st.sampled_from([instance.prefix for instance in instances]))
     if choice == 0:
         return draw(path)
@@ -91,7 +125,13 @@ def keys_for(draw: st.DrawFn, instances: list[InstanceConfig]) -> str:
     if choice == 2:  # a look-alike: the prefix with something glued on, or cut short
         glue = draw(st.sampled_from(["b", "-", " ", "%2F", "\u200b", "", "/"]))
         return f"{prefix}{glue}{draw(path)}" if draw(st.booleans()) else prefix[:-1] + glue
-    return f"{draw(st.sampled_from(['', '/', '//', '../', './']))}{prefix}/{draw(path)}"
+    if choice == 3:
+        return f"{draw(st.sampled_from(['', '/', '//', '../', './']))}{prefix}/{draw(path)}"
+    # under the prefix, then dot segments in their encoded and backslashed spellings
+    dots = st.sampled_from(["..", ".", "%2e%2e", "%2E.", ".%2e", "%252e%252e", "..\\", "\\.."])
+    rest = draw(st.lists(dots | segment, min_size=1, max_size=5))
+    separator = draw(st.sampled_from(["/", "%2F", "\\", "%5C"]))
+    return f"{prefix}/{separator.join(rest)}"
 
 
 def file_event(key: str, bucket: str | None) -> FileEvent:
@@ -116,7 +156,23 @@ LOOK_ALIKES = {
     "tenant-\u0430/x": {},
     "TENANT-A/x": {},
     "tenant-a//x": {"a": "/x"},
-    "tenant-a/../tenant-ab/x": {"a": "../tenant-ab/x"},
+    # dot segments that climb out of the prefix, in the readings a consumer might apply
+    "tenant-a/../tenant-ab/x": {},
+    "tenant-a/x/../../tenant-ab/x": {},
+    "tenant-a/..%2Ftenant-ab/x": {},
+    "tenant-a/%2e%2e/tenant-ab/x": {},
+    "tenant-a/%2E%2E%2Ftenant-ab%2Fx": {},
+    "tenant-a/%252e%252e/tenant-ab/x": {},
+    "tenant-a/..\\tenant-ab\\x": {},
+    "tenant-a/x%5C..%5C..%5Ctenant-ab%5Cx": {},
+    "tenant-a/.": {},
+    "tenant-a/x/..": {},
+    "tenant-a/%2e/": {},
+    # ... and dot segments that stay inside: kept verbatim
+    "tenant-a/x/../y": {"a": "x/../y"},
+    "tenant-a/./y": {"a": "./y"},
+    "tenant-a/..y/x": {"a": "..y/x"},
+    "tenant-a/x.../y": {"a": "x.../y"},
     "../tenant-a/x": {},
     "/tenant-a/x": {},
     "x/tenant-a/y": {},
@@ -135,6 +191,25 @@ def test_look_alike_prefixes_never_share_keys(key: str, expected: dict[str, str]
         if isinstance(result, FileEvent):
             got[instance.name] = result.key
     assert got == expected
+
+
+@pytest.mark.parametrize("key", [key for key, expected in LOOK_ALIKES.items() if not expected])
+def test_an_instance_without_a_prefix_gets_every_key_verbatim(key: str) -> None:
+    result = apply_instance(file_event(key, "uploads"), InstanceConfig(name="all"))
+    assert isinstance(result, FileEvent) and result.key == key
+
+
+ESCAPES = [  # under the prefix on a path boundary, with something after it
+    key
+    for key, expected in LOOK_ALIKES.items()
+    if not expected and key.startswith("tenant-a/") and key != "tenant-a/"
+]
+
+
+@pytest.mark.parametrize("key", ESCAPES)
+def test_a_key_climbing_out_of_the_prefix_is_counted_as_prefix_escape(key: str) -> None:
+    result = apply_instance(file_event(key, "uploads"), InstanceConfig(name="a", prefix="tenant-a"))
+    assert result == Filtered("prefix-escape")
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,6 +16,7 @@ from normalizer_support import (
     json_strategy,
     load_fixture,
     normalized,
+    outcome,
     single,
     with_s3_record,
 )
@@ -24,7 +25,7 @@ from streams.delivery import Delivery
 from streams.event import FileEvent
 from streams.normalizers import normalize as registry_normalize
 from streams.normalizers.base import derived_id, record_hash_id
-from streams.normalizers.s3 import SOURCE
+from streams.normalizers.s3 import SNS_NOTIFICATION_FIELDS, SOURCE
 
 fixture = partial(load_fixture, SOURCE)
 run = partial(normalized, SOURCE)
@@ -445,6 +446,80 @@ def test_envelopes_nested_too_deep_are_malformed() -> None:
     for _ in range(4):
         body = sns_envelope(body)
     assert_malformed(SOURCE, body, "nested envelopes")
+
+
+# --- only what SNS signed (issue 13) -------------------------------------------------------
+
+FOREIGN = [
+    {
+        "eventSource": "aws:s3",
+        "eventName": "ObjectRemoved:Delete",
+        "s3": {"bucket": {"name": "uploads"}, "object": {"key": "tenant-b/payroll.xlsx"}},
+    }
+]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"Records": FOREIGN},
+        {"Records": []},
+        {"Event": "s3:TestEvent"},
+        {"records": FOREIGN},
+        {"Token": "a-confirmation-field"},
+        {"x": 1},
+    ],
+)
+def test_signed_envelope_carrying_more_than_sns_sends_is_malformed(extra: Any) -> None:
+    envelope = fixture("kafka-bind-sns-put.json")  # a real SNS envelope
+    assert len(run(envelope)) == 1
+    name = next(iter(extra))
+    assert_malformed(SOURCE, {**envelope, **extra}, f"fields SNS does not send.*'{name}'")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"Type": "Notification", "Records": FOREIGN},  # an envelope without its Message
+        {"TopicArn": "arn:aws:sns:us-west-2:123456789012:t", "Records": FOREIGN},
+        {"Signature": "c2ln", "Records": FOREIGN},
+        {"Message": json.dumps({"Records": []}), "Records": FOREIGN},
+    ],
+)
+def test_records_beside_any_sns_field_are_malformed(body: Any) -> None:
+    # Decided by the SNS fields before Records is looked at: never read as bare S3 JSON.
+    assert_malformed(SOURCE, body, "SNS")
+
+
+def test_envelope_with_message_attributes_is_read() -> None:
+    envelope = {**fixture("kafka-bind-sns-put.json"), "MessageAttributes": {"a": {"Type": "S"}}}
+    assert run(envelope) == run(fixture("kafka-bind-sns-put.json"))
+
+
+def test_lambda_sns_record_carrying_more_than_lambda_sends_is_malformed() -> None:
+    s3_json = sns_message("kafka-bind-sns-put.json")
+    event = lambda_sns_event(s3_json)
+    assert len(run(event)) == 1
+    with_records = json.loads(json.dumps(event))
+    with_records["Records"][0]["Sns"]["Records"] = FOREIGN
+    assert_malformed(SOURCE, with_records, r"Records\[0\]\.Sns envelope carries.*'Records'")
+    with_s3 = json.loads(json.dumps(event))
+    with_s3["Records"][0].update(FOREIGN[0])
+    assert_malformed(SOURCE, with_s3, r"Records\[0\] wraps an SNS message and also carries")
+    mixed = {"Records": [event["Records"][0], FOREIGN[0]]}
+    assert_malformed(SOURCE, mixed, r"Records\[1\]: Records mixes wrapped messages")
+    mixed_sqs = {"Records": [FOREIGN[0], {"eventSource": "aws:sqs", "body": json.dumps(s3_json)}]}
+    assert_malformed(SOURCE, mixed_sqs, "mixes wrapped messages")
+
+
+@settings(max_examples=200)
+@given(
+    st.text(min_size=1, max_size=20).filter(lambda name: name not in SNS_NOTIFICATION_FIELDS),
+    st.deferred(lambda: json_values),
+)
+def test_any_unsigned_field_on_an_envelope_is_malformed(name: str, value: Any) -> None:
+    envelope = {**fixture("kafka-bind-sns-put.json"), name: value}
+    assert outcome(SOURCE, envelope) == "malformed"
 
 
 # --- properties ----------------------------------------------------------------------------

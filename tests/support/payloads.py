@@ -160,3 +160,102 @@ def azure_event(
         "dataVersion": "",
         "metadataVersion": "1",
     }
+
+
+# --- other providers' deliveries, for the cross-provider attacks (tests/integration/
+# test_attack_state.py); shaped like the fixtures in tests/normalizers/fixtures/<provider>/.
+
+
+def minio_body(key: str, sequencer: str, bucket: str = "uploads") -> bytes:
+    """A MinIO webhook body (`nnsay-webhook-put.json`); `key` form-encoded as MinIO sends it."""
+    record = s3_record(key, sequencer, "s3:ObjectCreated:Put", bucket)
+    record.update(eventSource="minio:s3", awsRegion="")
+    return json.dumps(
+        {"EventName": "s3:ObjectCreated:Put", "Key": f"{bucket}/{key}", "Records": [record]}
+    ).encode()
+
+
+def supabase_insert(
+    name: str,
+    updated_at: str,
+    bucket: str = "uploads",
+    version: str = "6d1d2a1e-5f1c-4e0b-9d0a-3a0f6c1b2e11",
+) -> bytes:
+    """A Database Webhook INSERT on storage.objects."""
+    row = {
+        "id": "8a1a5a4e-0b8f-4c47-9a56-2f1f0e3c9d77",
+        "bucket_id": bucket,
+        "name": name,
+        "owner": None,
+        "created_at": updated_at,
+        "updated_at": updated_at,
+        "last_accessed_at": updated_at,
+        "metadata": {"eTag": '"c4ca4238a0b923820dcc509a6f75849b"', "size": 1, "mimetype": "x/y"},
+        "version": version,
+        "path_tokens": name.split("/"),
+    }
+    body = {
+        "type": "INSERT",
+        "table": "objects",
+        "schema": "storage",
+        "record": row,
+        "old_record": None,
+    }
+    return json.dumps(body).encode()
+
+
+def b2_body(object_name: str, event_id: str, bucket: str = "uploads") -> bytes:
+    """B2 Event Notifications (`b2listen_upload_2024-07-22.json`)."""
+    event = {
+        "accountId": "15f935cf4dcb",
+        "bucketId": "21a5bf29a395fc7f84dd0c1b",
+        "bucketName": bucket,
+        "eventId": event_id,
+        "eventTimestamp": 1921691964421,
+        "eventType": "b2:ObjectCreated:Upload",
+        "eventVersion": 1,
+        "matchedRuleName": "notify",
+        "objectName": object_name,
+        "objectSize": 1,
+        "objectVersionId": "4_z21a5bf29a395fc7f84dd0c1b_f106fce3586b4ff73_d20240722_m2346",
+    }
+    return json.dumps({"events": [event]}).encode()
+
+
+def box_body(file_id: str, event_id: str) -> bytes:
+    """A Box FILE.UPLOADED webhook (`docs_file_uploaded.json`, trimmed): names no bucket."""
+    body = {
+        "type": "webhook_event",
+        "id": event_id,
+        "created_at": "2026-11-30T00:08:07-00:00",
+        "trigger": "FILE.UPLOADED",
+        "webhook": {"id": "53", "type": "webhook"},
+        "source": {
+            "id": file_id,
+            "type": "file",
+            "file_version": {"type": "file_version", "id": "78096737033", "sha1": "2c61"},
+            "sha1": "2c61623e86bee78e6ab444af456bccc7a1164095",
+            "name": "x.png",
+            "size": 1,
+        },
+    }
+    return json.dumps(body).encode()
+
+
+def appwrite_body(file_id: str, bucket: str) -> tuple[bytes, list[Header]]:
+    """An Appwrite file create (`docs_file_model.json`) with its unsigned event header."""
+    document = {
+        "$id": file_id,
+        "bucketId": bucket,
+        "$createdAt": "2026-11-30T00:08:07.000+00:00",
+        "$updatedAt": "2026-11-30T00:08:07.000+00:00",
+        "name": "Pink.png",
+        "signature": "5d529fd02b544198ae075bd57c1762bb",
+        "mimeType": "image/png",
+        "sizeOriginal": 1,
+    }
+    events = f"buckets.*.files.*.create,buckets.{bucket}.files.{file_id}.create"
+    return json.dumps(document).encode(), [
+        ("source", b"appwrite"),
+        ("header.x-appwrite-webhook-events", events.encode()),
+    ]

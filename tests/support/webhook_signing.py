@@ -12,7 +12,9 @@ import datetime as dt
 import hashlib
 import hmac
 import json
+import ssl
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import AuthorityInformationAccessOID, ExtendedKeyUsageOID, NameOID
 
 from connectors.publisher import RawPublisher
 from connectors.webhook import create_app
@@ -100,6 +102,51 @@ FEjB7gCK4hdKaAOuWdZpI55vF6ifOeM8toC3g7ofO8qLTnJupAG+ZitY5J3cvHWr
 HqOUdKigPDHYLRo=
 -----END CERTIFICATE-----"""
 
+# The issuer of AWS_CERT_PEM, "Amazon Server CA 1B" (valid 2015-10-22 .. 2025-10-19), as its
+# caIssuers URL serves it: it verifies against Amazon Root CA 1 of the system trust store,
+# which is what makes it authentic here (test_sns_vector_chain_reaches_the_system_store).
+AWS_INTERMEDIATE_URL = "http://crt.sca1b.amazontrust.com/sca1b.crt"
+AWS_INTERMEDIATE_PEM = b"""-----BEGIN CERTIFICATE-----
+MIIESTCCAzGgAwIBAgITBn+UV4WH6Kx33rJTMlu8mYtWDTANBgkqhkiG9w0BAQsF
+ADA5MQswCQYDVQQGEwJVUzEPMA0GA1UEChMGQW1hem9uMRkwFwYDVQQDExBBbWF6
+b24gUm9vdCBDQSAxMB4XDTE1MTAyMjAwMDAwMFoXDTI1MTAxOTAwMDAwMFowRjEL
+MAkGA1UEBhMCVVMxDzANBgNVBAoTBkFtYXpvbjEVMBMGA1UECxMMU2VydmVyIENB
+IDFCMQ8wDQYDVQQDEwZBbWF6b24wggEiMA0GCSqGSIb3DQEBAQUAA4IBDwAwggEK
+AoIBAQDCThZn3c68asg3Wuw6MLAd5tES6BIoSMzoKcG5blPVo+sDORrMd4f2AbnZ
+cMzPa43j4wNxhplty6aUKk4T1qe9BOwKFjwK6zmxxLVYo7bHViXsPlJ6qOMpFge5
+blDP+18x+B26A0piiQOuPkfyDyeR4xQghfj66Yo19V+emU3nazfvpFA+ROz6WoVm
+B5x+F2pV8xeKNR7u6azDdU5YVX1TawprmxRC1+WsAYmz6qP+z8ArDITC2FMVy2fw
+0IjKOtEXc/VfmtTFch5+AfGYMGMqqvJ6LcXiAhqG5TI+Dr0RtM88k+8XUBCeQ8IG
+KuANaL7TiItKZYxK1MMuTJtV9IblAgMBAAGjggE7MIIBNzASBgNVHRMBAf8ECDAG
+AQH/AgEAMA4GA1UdDwEB/wQEAwIBhjAdBgNVHQ4EFgQUWaRmBlKge5WSPKOUByeW
+dFv5PdAwHwYDVR0jBBgwFoAUhBjMhTTsvAyUlC4IWZzHshBOCggwewYIKwYBBQUH
+AQEEbzBtMC8GCCsGAQUFBzABhiNodHRwOi8vb2NzcC5yb290Y2ExLmFtYXpvbnRy
+dXN0LmNvbTA6BggrBgEFBQcwAoYuaHR0cDovL2NydC5yb290Y2ExLmFtYXpvbnRy
+dXN0LmNvbS9yb290Y2ExLmNlcjA/BgNVHR8EODA2MDSgMqAwhi5odHRwOi8vY3Js
+LnJvb3RjYTEuYW1hem9udHJ1c3QuY29tL3Jvb3RjYTEuY3JsMBMGA1UdIAQMMAow
+CAYGZ4EMAQIBMA0GCSqGSIb3DQEBCwUAA4IBAQCFkr41u3nPo4FCHOTjY3NTOVI1
+59Gt/a6ZiqyJEi+752+a1U5y6iAwYfmXss2lJwJFqMp2PphKg5625kXg8kP2CN5t
+6G7bMQcT8C8xDZNtYTd7WPD8UZiRKAJPBXa30/AbwuZe0GaFEQ8ugcYQgSn+IGBI
+8/LwhBNTZTUVEWuCUUBVV18YtbAiPq3yXqMB48Oz+ctBWuZSkbvkNodPLamkB2g1
+upRyzQ7qDn1X8nn8N8V7YJ6y68AtkHcNSRAnpTitxBKjtKPISLMVCx7i4hncxHZS
+yLyKQXhw2W2Xs0qLeC1etA+jTGDK4UfLeC0SF7FSi8o5LL21L8IzApar2pR/
+-----END CERTIFICATE-----"""
+
+
+def amazon_root_pem() -> bytes:
+    """Amazon Root CA 1 as this host's trust store holds it (AWS_INTERMEDIATE_PEM's issuer)."""
+    bundle = Path(ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # some roots have a non-positive serial number
+        roots = x509.load_pem_x509_certificates(bundle.read_bytes())
+    wanted = x509.load_pem_x509_certificate(AWS_INTERMEDIATE_PEM).issuer
+    return next(pem(root) for root in roots if root.subject == wanted)
+
+
+def aws_intermediate_der() -> bytes:
+    certificate = x509.load_pem_x509_certificate(AWS_INTERMEDIATE_PEM)
+    return certificate.public_bytes(serialization.Encoding.DER)
+
 
 def new_rsa_key() -> rsa.RSAPrivateKey:
     return rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -119,6 +166,19 @@ class Pki:
     certificate: x509.Certificate
 
 
+@dataclass(frozen=True)
+class SnsChain:
+    """A test root CA, an intermediate it issued, and an SNS leaf the intermediate issued,
+    whose caIssuers URL (`intermediate_url`) names the intermediate, as Amazon's do."""
+
+    root: x509.Certificate
+    intermediate_key: rsa.RSAPrivateKey
+    intermediate: x509.Certificate
+    intermediate_url: str
+    key: rsa.RSAPrivateKey
+    certificate: x509.Certificate
+
+
 def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
@@ -132,7 +192,9 @@ def issue(
     not_after: dt.datetime = dt.datetime(2099, 1, 1, tzinfo=dt.UTC),
     ca: bool = False,
     digital_signature: bool = True,
+    ca_issuers: str | None = None,
 ) -> x509.Certificate:
+    """A certificate as the Web PKI wants one (key identifiers; a leaf: SAN and serverAuth)."""
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))
@@ -157,9 +219,24 @@ def issue(
             critical=True,
         )
     )
+    builder = builder.add_extension(
+        x509.SubjectKeyIdentifier.from_public_key(subject_key.public_key()), critical=False
+    )
+    if issuer is not None:  # not self-signed
+        builder = builder.add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
+            critical=False,
+        )
+    if ca_issuers is not None:
+        access = x509.AccessDescription(
+            AuthorityInformationAccessOID.CA_ISSUERS, x509.UniformResourceIdentifier(ca_issuers)
+        )
+        builder = builder.add_extension(x509.AuthorityInformationAccess([access]), critical=False)
     if not ca:
         san = x509.SubjectAlternativeName([x509.DNSName(common_name)])
         builder = builder.add_extension(san, critical=False)
+        eku = x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH])
+        builder = builder.add_extension(eku, critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
 
 
@@ -168,6 +245,36 @@ def sns_pki(common_name: str = "sns.amazonaws.com") -> Pki:
     ca = issue(ca_key, "Test SNS CA", ca_key, ca=True)
     certificate = issue(key, common_name, ca_key, issuer=ca.subject)
     return Pki(ca_key, ca, key, certificate)
+
+
+def sns_chain(
+    common_name: str = "sns.amazonaws.com", ca_host: str = "crt.test-ca.example"
+) -> SnsChain:
+    """Root -> intermediate -> SNS leaf; the leaf names the intermediate's URL (caIssuers)."""
+    root_key, intermediate_key, key = new_rsa_key(), new_rsa_key(), new_rsa_key()
+    root = issue(root_key, f"Test Root CA {uuid.uuid4().hex[:8]}", root_key, ca=True)
+    intermediate = issue(
+        intermediate_key,
+        f"Test Server CA {uuid.uuid4().hex[:8]}",
+        root_key,
+        issuer=root.subject,
+        ca=True,
+    )
+    url = f"http://{ca_host}/{uuid.uuid4().hex[:8]}.crt"
+    certificate = issue(
+        key, common_name, intermediate_key, issuer=intermediate.subject, ca_issuers=url
+    )
+    return SnsChain(root, intermediate_key, intermediate, url, key, certificate)
+
+
+def der(certificate: x509.Certificate) -> bytes:
+    return certificate.public_bytes(serialization.Encoding.DER)
+
+
+def sns_time(when: float) -> str:
+    """An SNS `Timestamp`: ISO 8601 UTC with milliseconds and `Z`."""
+    moment = dt.datetime.fromtimestamp(when, dt.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def sns_string_to_sign(message: Mapping[str, str]) -> bytes:
@@ -187,15 +294,18 @@ def sns_message(
     message: str = '{"Records":[]}',
     version: str = "1",
     subject: str | None = "Amazon S3 Notification",
+    timestamp: float | None = None,
     **extra: str,
 ) -> dict[str, str]:
-    """An SNS HTTP message signed with `key` (RSA PKCS#1 v1.5, SHA1 for 1, SHA256 for 2)."""
+    """An SNS HTTP message signed with `key` (RSA PKCS#1 v1.5, SHA1 for 1, SHA256 for 2),
+    published at `timestamp` (default 2022-07-28T21:25:00Z, 5 minutes before
+    AWS_VECTOR_TIME)."""
     body: dict[str, str] = {
         "Type": kind,
         "MessageId": str(uuid.uuid4()),
         "TopicArn": topic_arn,
         "Message": message,
-        "Timestamp": "2022-07-28T21:25:00.000Z",
+        "Timestamp": "2022-07-28T21:25:00.000Z" if timestamp is None else sns_time(timestamp),
         "SignatureVersion": version,
         "SigningCertURL": cert_url,
     }

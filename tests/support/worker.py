@@ -206,7 +206,10 @@ class Worker:
         except FileNotFoundError:
             return "(no log)"
 
-    def stop(self, timeout_s: float = 60.0) -> int:
+    def stop(self, timeout_s: float = 40.0) -> int:
+        """SIGTERM; the exit code. The worker ends within its grace period (30 s,
+        streams.progress.STOP_GRACE_S): one that takes longer is killed (-9), failing the
+        callers' `== 0`."""
         if self.process is None or self.process.poll() is not None:
             return self.process.returncode if self.process else 0
         self.process.send_signal(signal.SIGTERM)

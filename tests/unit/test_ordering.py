@@ -16,7 +16,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streams.event import FileEvent
-from streams.ordering import SEQUENCER_WIDTH, Mark, mark_for, order_token, staleness
+from streams.ordering import (
+    SEQUENCER_WIDTH,
+    Mark,
+    bounded_mark,
+    mark_for,
+    order_token,
+    recorded_mark,
+    scope,
+    staleness,
+)
 
 T0 = datetime(2026, 3, 12, 2, 7, 57, tzinfo=UTC)
 _ids = iter(range(10**9))
@@ -338,3 +347,60 @@ def test_mark_json_shape() -> None:
 
 def test_mark_from_partial_json() -> None:
     assert Mark.from_json({}) == Mark(kind=None, token=None, time=None, event_id="", type="")
+
+
+# --- scopes ----------------------------------------------------------------------------------
+
+ARM = "/subscriptions/0000/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts"
+
+
+@pytest.mark.parametrize(
+    ("provider", "raw", "expected"),
+    [
+        ("s3", {"awsRegion": "us-east-1"}, "s3"),
+        ("s3", {}, "s3"),
+        ("s3", {"awsRegion": "cn-northwest-1"}, "s3@aws-cn"),
+        ("s3", {"awsRegion": "us-gov-west-1"}, "s3@aws-us-gov"),
+        ("s3", {"awsRegion": "us-isob-east-1"}, "s3@aws-iso-b"),
+        ("s3", {"awsRegion": "us-iso-east-1"}, "s3@aws-iso"),
+        ("eventbridge", {"region": "cn-north-1"}, "eventbridge@aws-cn"),
+        ("minio", {"awsRegion": "cn-north-1"}, "minio"),  # a MinIO region names nothing
+        ("azure", {"topic": f"{ARM}/MyAccount"}, "azure@myaccount"),
+        ("azure", {"source": f"{ARM}/other1/blobServices/default"}, "azure@other1"),
+        ("azure", {"topic": "/subscriptions/0/resourceGroups/rg"}, "azure"),
+        ("azure", {"topic": f"{ARM}/a|b:c"}, "azure"),  # not an account name
+        ("azure", {}, "azure"),
+        ("gcs", {"bucket": "b"}, "gcs"),
+        ("supabase", {}, "supabase"),
+        ("box", {}, "box"),
+    ],
+)
+def test_scope(provider: str, raw: dict[str, Any], expected: str) -> None:
+    assert scope(event(provider, raw=raw)) == expected
+
+
+@given(origin=st.text(max_size=80))
+def test_a_scope_never_holds_a_key_separator(origin: str) -> None:
+    found = scope(event("azure", raw={"topic": f"{ARM}/{origin}"}))
+    assert not {"|", "/", ":"} & set(found)
+
+
+# --- clock skew --------------------------------------------------------------------------------
+
+
+def test_a_mark_beyond_the_bound_loses_its_time_only() -> None:
+    mark = mark_for(s3("0055AED6DCD90281E5", time=T0 + timedelta(days=1)))
+    bounded = bounded_mark(mark, T0.timestamp() + 300)
+    assert bounded is not None
+    assert (bounded.time, bounded.token, bounded.kind) == (None, mark.token, mark.kind)
+    assert bounded_mark(mark, mark.time or 0.0) == mark
+    assert bounded_mark(None, 0.0) is None
+
+
+def test_a_future_time_is_not_recorded_the_last_one_stays() -> None:
+    last = mark_for(event("box", time=T0))
+    future = mark_for(event("box", time=T0 + timedelta(days=3650)))
+    recorded = recorded_mark(future, last, T0.timestamp() + 300)
+    assert (recorded.event_id, recorded.time) == (future.event_id, T0.timestamp())
+    assert recorded_mark(future, None, T0.timestamp() + 300).time is None
+    assert recorded_mark(last, None, T0.timestamp()) == last

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import posixpath
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import unquote
 
 import pytest
 from hypothesis import given
@@ -11,7 +13,13 @@ from hypothesis import strategies as st
 
 from streams.config import InstanceConfig
 from streams.event import FileEvent
-from streams.rules import Filtered, apply_instance, under_prefix
+from streams.rules import (
+    Filtered,
+    apply_instance,
+    escapes_root,
+    open_instances_warning,
+    under_prefix,
+)
 
 
 def event(key: str, bucket: str | None = "uploads", **fields: Any) -> FileEvent:
@@ -252,3 +260,109 @@ def test_the_input_event_is_not_changed() -> None:
     result = kept(apply_instance(original, instance(prefix="users", plugins=["dedup"])))
     assert (result.key, result.size) == ("a", None)
     assert (original.key, original.size, original.etag) == ("users/a", 0, "abc")
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("provider", "bucket", "reason"),
+    [
+        ("box", None, "source"),  # no bucket: it would pass the bucket filter
+        ("cloudinary", None, "source"),
+        ("appwrite", "uploads", "source"),  # names the instance's bucket
+        ("minio", "uploads", "source"),
+        ("s3", "other", "bucket"),
+    ],
+)
+def test_an_instance_with_sources_keeps_only_their_events(
+    provider: str, bucket: str | None, reason: str
+) -> None:
+    config = instance(bucket="uploads", prefix="tenant-a", sources=["s3", "eventbridge"])
+    result = apply_instance(event("tenant-a/x", bucket=bucket, provider=provider), config)
+    assert result == Filtered(reason)
+
+
+@pytest.mark.parametrize("provider", ["s3", "eventbridge", "reconcile"])
+def test_listed_sources_and_reconcile_are_kept(provider: str) -> None:
+    config = instance(bucket="uploads", sources=["s3", "eventbridge"])
+    assert kept(apply_instance(event("x", provider=provider), config)).key == "x"
+
+
+def test_without_sources_every_source_is_kept() -> None:
+    assert kept(apply_instance(event("x", bucket=None, provider="box"), instance())).key == "x"
+
+
+def test_a_warning_names_the_bucket_bound_instances_without_sources() -> None:
+    instances = [
+        instance(name="open", bucket="uploads"),
+        instance(name="closed", bucket="uploads", sources=["s3"]),
+        instance(name="everything"),
+    ]
+    warning = open_instances_warning(instances)
+    assert warning is not None and "open" in warning and "closed" not in warning
+    assert "everything" not in warning and "sources" in warning
+    assert open_instances_warning(instances[1:]) is None
+
+
+# --- dot segments leaving the prefix ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "tenant-a/../tenant-b/x",
+        "tenant-a/x/../../tenant-b/x",
+        "tenant-a/..%2Ftenant-b/x",
+        "tenant-a/x%2F..%2F..%2Ftenant-b%2Fy",
+        "tenant-a/%2e%2e/tenant-b/x",
+        "tenant-a/%252E%252E/tenant-b/x",
+        "tenant-a/..\\tenant-b\\x",
+        "tenant-a/x%5C..%5C..%5Ctenant-b",
+        "tenant-a/.",
+        "tenant-a/x/..",
+        "tenant-a//",
+        "tenant-a/%2F",
+    ],
+)
+def test_a_key_resolving_outside_the_prefix_is_dropped(key: str) -> None:
+    result = apply_instance(event(key), instance(bucket="uploads", prefix="tenant-a"))
+    assert result == Filtered("prefix-escape")
+    assert kept(apply_instance(event(key), instance(bucket="uploads"))).key == key
+
+
+@pytest.mark.parametrize(
+    ("key", "relative"),
+    [
+        ("tenant-a/x/../y", "x/../y"),
+        ("tenant-a/./y", "./y"),
+        ("tenant-a/..y", "..y"),
+        ("tenant-a/photo.v2..jpg", "photo.v2..jpg"),
+        ("tenant-a/100%25.txt", "100%25.txt"),
+        ("tenant-a/%zz/..", None),
+    ],
+)
+def test_dot_segments_that_stay_inside_are_kept_verbatim(key: str, relative: str | None) -> None:
+    result = apply_instance(event(key), instance(prefix="tenant-a"))
+    if relative is None:
+        assert result == Filtered("prefix-escape")
+    else:
+        assert kept(result).key == relative
+
+
+@given(relative=st.text(alphabet="ab./\\%2eEF5Cc", max_size=16))
+def test_escapes_root_agrees_with_normpath_on_every_reading(relative: str) -> None:
+    readings = [relative]
+    while (decoded := unquote(readings[-1])) != readings[-1]:
+        readings.append(decoded)
+    readings += [reading.replace("\\", "/") for reading in readings]
+
+    def outside(reading: str) -> bool:
+        parts = reading.split("/")
+        for end in range(1, len(parts) + 1):
+            here = posixpath.normpath("/root/" + "/".join(parts[:end]))
+            if here != "/root" and not here.startswith("/root/"):
+                return True
+        return posixpath.normpath("/root/" + reading) == "/root"
+
+    assert escapes_root(relative) == any(outside(reading) for reading in readings)
