@@ -42,7 +42,10 @@ configuration mistake.
 Limits: one S3-compatible bucket per run (`--bucket` for an instance that takes every bucket);
 the synthetic events reach every instance whose bucket and prefix cover the key, like any
 delivery (an overlapping catch-all instance gets them too); times compare across the reconcile
-host's clock and the provider's, so keep clocks in sync.
+host's clock and the provider's, so keep clocks in sync. Reconcile events are ordered against
+the provider's notifications only when the instance names that one provider in `sources`
+(state is scoped by provider: see streams.emitting); otherwise among themselves, and the
+command says so on stderr.
 """
 
 from __future__ import annotations
@@ -379,6 +382,14 @@ def reconcile(args: argparse.Namespace, settings: Settings) -> int:
         )
     raw_topic = command_raw_topic(args, settings)
     bootstrap = settings.kafka.bootstrap_servers
+    if instance.reconciled_source is None:
+        print(
+            f"connectors reconcile: instance {instance.name!r} names no single provider in "
+            "`sources`: its reconcile events are ordered among themselves only, not against "
+            f"the provider's notifications; set instances.{instance.name}.sources = "
+            '["<provider>"] (e.g. "supabase")',
+            file=sys.stderr,
+        )
 
     observed_at = datetime.now(UTC)
     client = s3_client(args.endpoint_url, args.region)

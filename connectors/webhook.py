@@ -127,6 +127,7 @@ still pass while large ones are refused); after an answer sent before the body w
 whole, the rest is drained for at most 2 s, then the connection is closed. The raw record is
 bounded as a whole: `max_body_bytes + max_header_bytes` plus 16 KiB of framing must fit the
 raw topic's record limit (`streams.topics.RAW_MAX_MESSAGE_BYTES`), checked at start-up.
+The server pieces that hold these bounds are in `connectors.http_server`.
 
 Published record: value = the body as received; headers per the raw-topic contract
 (`streams.records`): `source`, `transport` (`webhook`), `delivery-id`, `received-at`,
@@ -167,17 +168,24 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
-from urllib.parse import quote
 
 from aiohttp import web
-from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
 from aiokafka.errors import MessageSizeTooLargeError
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
-from yarl import URL
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from connectors.command import BridgeCommand
+from connectors.http_server import (
+    LINGER_S,
+    MAX_FIELD_BYTES,
+    MAX_HEADERS,
+    READ_BUFFER_BYTES,
+    BodyBudget,
+    BodyHold,
+    BoundedSite,
+    RedactedAccessLogger,
+    server_logger,
+)
 from connectors.publisher import (
     PublishFailed,
     RawPublisher,
@@ -201,35 +209,10 @@ HANDSHAKES = Counter("bridge_webhook_handshakes", "Handshakes answered", ["sourc
 PUBLISH_SECONDS = Histogram(
     "bridge_webhook_publish_seconds", "From request to Kafka acknowledgement", ["source"]
 )
-BODIES_HELD = Gauge(
-    "bridge_webhook_bodies_held_bytes",
-    "Body bytes held against webhook.max_bodies_bytes (beyond each body's first 64 KiB)",
-)
-
-CONNECTIONS = Gauge("bridge_webhook_connections", "Connections open on the public port")
+RETRY_AFTER_S = "5"
 
 # What `web.json_response({"accepted": True}, status=202)` sends, serialised once.
 ACCEPTED_TEXT = json.dumps({"accepted": True})
-
-MAX_HEADERS = 64
-"""Header lines a request may have (aiohttp answers 400 past it): providers send about 10-20,
-proxies add a few. With aiohttp's 8,190 bytes per line it bounds what one connection's head
-can hold while it is parsed (about 520 KB)."""
-MAX_FIELD_BYTES = 8190
-LINGER_S = 2.0
-"""After an answer sent before the body was read whole (401, 408, 503, 413), how long the
-rest of the body is read and discarded before the connection is closed: enough for a client
-to see the answer instead of a reset, short enough that a stalled sender goes soon."""
-READ_BUFFER_BYTES = 64 * 1024
-"""aiohttp buffers up to twice this per connection before it stops reading the socket
-(default 256 KiB: 512 KiB a connection, outside any budget); with 64 KiB, what a connection
-holds besides its counted body is about 128 KiB."""
-RETRY_AFTER_S = "5"
-REFUSAL = (
-    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
-    b"Connection: close\r\n\r\n"
-)
-"""What a connection over `webhook.max_connections` gets before it is closed."""
 
 
 @functools.cache
@@ -241,53 +224,6 @@ def _accepted(source: str) -> Counter:
 @functools.cache
 def _publish_seconds(source: str) -> Histogram:
     return PUBLISH_SECONDS.labels(source)
-
-
-@dataclass
-class BodyBudget:
-    """Body bytes held at once across requests, beyond each body's first `free` bytes (those
-    are bounded by the connection cap instead). Bytes are held from when a body is read (or
-    announced by Content-Length) until Kafka acknowledged it or it was refused."""
-
-    limit: int
-    free: int
-    held: int = 0
-
-    def hold(self) -> BodyHold:
-        return BodyHold(self)
-
-
-@dataclass
-class BodyHold:
-    """One request's share of a BodyBudget; given back when the `with` block ends."""
-
-    budget: BodyBudget
-    taken: int = 0
-
-    def cover(self, size: int) -> bool:
-        """Hold what a body of `size` bytes needs; False when the budget cannot."""
-        need = max(size - self.budget.free, 0) - self.taken
-        if need <= 0:
-            return True
-        if self.budget.held + need > self.budget.limit:
-            return False
-        self.budget.held += need
-        self.taken += need
-        BODIES_HELD.set(self.budget.held)
-        return True
-
-    def __enter__(self) -> BodyHold:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.budget.held -= self.taken
-        self.taken = 0
-        BODIES_HELD.set(self.budget.held)
 
 
 @dataclass(frozen=True)
@@ -613,153 +549,10 @@ def create_admin_app(app: web.Application) -> web.Application:
     return admin
 
 
-def redacted_target(url: URL) -> str:
-    """The request target for the access log: the path as received, and the query string's
-    parameter names only (`?code=***`): Azure's `code`, a GCS `token` or any route's
-    `secret_query_param` carry the route's secret."""
-    target = url.raw_path
-    if url.query:
-        target += "?" + "&".join(f"{quote(name, safe='')}=***" for name in url.query)
-    return target
-
-
-class RedactedAccessLogger(AbstractAccessLogger):
-    """One line per request (client, method, target, status, bytes, seconds), query values
-    redacted; aiohttp's default logs the request line, secrets included."""
-
-    @property
-    def enabled(self) -> bool:
-        return self.logger.isEnabledFor(logging.INFO)
-
-    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
-        self.logger.info(
-            '%s "%s %s" %d %d %.3fs',
-            request.remote,
-            request.method,
-            redacted_target(request.rel_url),
-            response.status,
-            response.body_length,
-            time,
-        )
-
-
-class _Refuse(asyncio.Protocol):
-    """A connection over the cap: 503, closed."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(REFUSAL)
-        transport.close()
-
-
-@dataclass
-class ConnectionGate:
-    """Connections open on a site, counted from accept to close: asyncio calls the protocol
-    factory for a whole burst of accepts before any `connection_made`, so the count must be
-    taken in the factory, not from the server's registered connections."""
-
-    limit: int
-    open: int = 0
-
-
-class _Counted(asyncio.Protocol):
-    """aiohttp's protocol for one connection, with the gate's count given back on close."""
-
-    __slots__ = ("_gate", "_inner")
-
-    def __init__(self, inner: asyncio.Protocol, gate: ConnectionGate) -> None:
-        self._inner, self._gate = inner, gate
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._inner.connection_made(transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._gate.open -= 1
-        CONNECTIONS.set(self._gate.open)
-        self._inner.connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        self._inner.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        return self._inner.eof_received()
-
-    def pause_writing(self) -> None:
-        self._inner.pause_writing()
-
-    def resume_writing(self) -> None:
-        self._inner.resume_writing()
-
-
-class BoundedSite(web.BaseSite):
-    """A TCP site that serves at most `max_connections` connections at once; one more is
-    answered 503 and closed (aiohttp's own sites accept every connection)."""
-
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, max_connections: int) -> None:
-        super().__init__(runner)
-        self._host, self._port = host, port
-        self.gate = ConnectionGate(max_connections)
-        self._listening: asyncio.Server | None = None
-
-    @property
-    def name(self) -> str:
-        return str(URL.build(scheme="http", host=self._host, port=self.port))
-
-    @property
-    def port(self) -> int:
-        """The bound port (the configured one, or the one the OS chose for 0)."""
-        if self._listening is not None and self._listening.sockets:
-            bound: int = self._listening.sockets[0].getsockname()[1]
-            return bound
-        return self._port
-
-    async def start(self) -> None:
-        await super().start()
-        server = self._runner.server
-        assert server is not None
-        gate = self.gate
-
-        def protocol() -> asyncio.BaseProtocol:
-            if gate.open >= gate.limit:
-                REJECTED.labels("?", "too-many-connections").inc()
-                return _Refuse()
-            gate.open += 1
-            CONNECTIONS.set(gate.open)
-            return _Counted(server(), gate)
-
-        self._listening = await asyncio.get_running_loop().create_server(
-            protocol, self._host, self._port, backlog=self._backlog, reuse_address=True
-        )
-        self._server = self._listening
-
-
-class OneLine(logging.Filter):
-    """Requests aiohttp cannot parse (too many headers, a bad request line) are logged by
-    aiohttp with a traceback each: an attacker's flood of them would be a flood of
-    tracebacks. Keep the line and the error, drop the traceback."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None:
-            error = record.exc_info[1]
-            record.msg = f"{record.getMessage()}: {type(error).__name__}: {error}".replace(
-                "\n", " "
-            )
-            record.args = None
-            record.exc_info = record.exc_text = None
-        return True
-
-
-def _server_logger() -> logging.Logger:
-    logger = logging.getLogger("connectors.webhook.http")
-    if not any(isinstance(existing, OneLine) for existing in logger.filters):
-        logger.addFilter(OneLine())
-    return logger
-
-
 def server_options(config: WebhookConfig) -> dict[str, object]:
     """aiohttp's per-connection bounds for the public port (see the module docstring)."""
     return {
-        "logger": _server_logger(),
+        "logger": server_logger(),
         "access_log_class": RedactedAccessLogger,
         "keepalive_timeout": config.idle_timeout_s,
         "max_line_size": MAX_FIELD_BYTES,
@@ -807,7 +600,11 @@ async def start_bridge(
     runner = web.AppRunner(app, **server_options(config))  # type: ignore[arg-type]
     await runner.setup()
     public = BoundedSite(
-        runner, config.host, config.port if port is None else port, config.max_connections
+        runner,
+        config.host,
+        config.port if port is None else port,
+        config.max_connections,
+        on_refused=REJECTED.labels("?", "too-many-connections").inc,
     )
     bridge = RunningBridge(public, [runner])
     try:

@@ -190,6 +190,13 @@ class InstanceConfig(_Strict):
     def stale_output_topic(self) -> str:
         return self.stale_topic or f"files.stale.{self.name}"
 
+    @property
+    def reconciled_source(self) -> str | None:
+        """The provider whose notifications this instance's `reconcile` events are ordered
+        against: its one source other than `reconcile`, when `sources` names one."""
+        named = [source for source in self.sources or () if source != "reconcile"]
+        return named[0] if len(named) == 1 else None
+
     def plugin(self, name: str) -> PluginConfig | None:
         return next((plugin for plugin in self.plugins if plugin.name == name), None)
 

@@ -184,10 +184,8 @@ def instance_scope(event: KeyedEvent, instance: InstanceConfig) -> str:
     """`streams.ordering.scope`, except that a `reconcile` event takes the scope of the
     instance's one source: it is a listing of that provider's bucket, ordered by time
     against the provider's own notifications."""
-    if event.provider == "reconcile" and instance.sources is not None:
-        named = [source for source in instance.sources if source != "reconcile"]
-        if len(named) == 1:
-            return named[0]
+    if event.provider == "reconcile":
+        return instance.reconciled_source or scope(event)
     return scope(event)
 
 

@@ -29,11 +29,12 @@ drift of the same key differs in ETag or time. A given `id` is taken as is.
 
 Fields: `time` is `observed_at` (else `last_modified`): when the listing that found the drift
 started. The provider sent no event for a change that reconcile finds, and ordering per key
-compares it by time with the real notifications: a real event newer than the listing wins over
-the synthetic one (which goes to the stale topic), a notification older than the listing loses
-to it. `version_only` is False on `deleted` (the live key is gone from the listing), None on
-`created`; `version_id` and `sequencer` are None; `etag` is stripped of one pair of quotes.
-`raw` is the body.
+compares it by time with the real notifications (when the instance's `sources` names that
+one provider: state is scoped by provider, streams.emitting.instance_scope): a real event newer
+than the listing wins over the synthetic one (which goes to the stale topic), a notification
+older than the listing loses to it. `version_only` is False on `deleted` (the live key is gone
+from the listing), None on `created`; `version_id` and `sequencer` are None; `etag` is
+stripped of one pair of quotes. `raw` is the body.
 """
 
 from __future__ import annotations

@@ -205,9 +205,8 @@ def setup(
     moto_server: str, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Setup]:
     names = Topology()
-    config = names.config(
-        [{"name": "tenant-a", "bucket": BUCKET, "prefix": "tenant-a", "plugins": ["versioning"]}]
-    )
+    tenant = {"name": "tenant-a", "bucket": BUCKET, "prefix": "tenant-a", "sources": ["s3"]}
+    config = names.config([{**tenant, "plugins": ["versioning"]}])
     worker = Worker(kafka_bootstrap, config, tmp_path_factory.mktemp("reconcile-worker")).start()
     try:
         yield Setup(moto_server, kafka_bootstrap, names, worker)
@@ -305,10 +304,14 @@ def test_a_missing_bucket_or_instance_is_one_line(setup: Setup, tmp_path: Path) 
     every_bucket.write_text('[[instances]]\nname = "all"\n')
     missing = setup.reconcile("--instance", "all", "--bucket", "nope-123", config=every_bucket)
     assert missing.returncode == 1
-    assert missing.stderr.strip() == (
+    warning, error = missing.stderr.strip().splitlines()
+    assert error == (
         "connectors reconcile: listing bucket nope-123 failed: NoSuchBucket: "
         "The specified bucket does not exist"
     )
+    # Without one provider in `sources`, what ordering the events get is said, not assumed.
+    assert "names no single provider in `sources`" in warning
+    assert 'instances.all.sources = ["<provider>"]' in warning
     unnamed = setup.reconcile("--instance", "all", config=every_bucket)
     assert unnamed.returncode == 2
     assert unnamed.stderr.strip() == (

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import pytest
 from aiokafka import AIOKafkaProducer
-from support.kafka_io import Header, Read, produce, raw, read_topic
+from support.kafka_io import Header, produce, raw, read_topic
 from support.payloads import (
     appwrite_body,
     azure_event,
@@ -38,9 +38,10 @@ from support.payloads import (
     sns_envelope,
     supabase_insert,
 )
+from support.stream import Stream as BaseStream
+from support.stream import running_worker
 from support.worker import Topology, Worker, wait_for
 
-from streams.config import Settings
 from streams.delivery import Delivery
 from streams.event import FileEvent
 from streams.normalizers import normalize
@@ -58,17 +59,7 @@ INSTANCES: list[dict[str, Any]] = [
 ARM = "/subscriptions/0000/resourceGroups/rg/providers/Microsoft.Storage/storageAccounts"
 
 
-class Stream:
-    def __init__(self, bootstrap: str, names: Topology, worker: Worker) -> None:
-        self.bootstrap, self.names, self.worker = bootstrap, names, worker
-
-    def send(self, deliveries: Sequence[tuple[bytes, Sequence[Header]]], raw_key: str) -> None:
-        """In order, on one raw partition: stage one reads them in this order."""
-        asyncio.run(produce(self.bootstrap, self.names.raw, deliveries, key=raw_key.encode()))
-
-    def read(self, topic: str) -> list[Read]:
-        return asyncio.run(read_topic(self.bootstrap, topic))
-
+class Stream(BaseStream):
     def events(self, instance: str, tag: str) -> list[dict[str, Any]]:
         found = [read.json() for read in self.read(self.names.output(instance))]
         return [event for event in found if tag in event["key"]]
@@ -88,14 +79,9 @@ class Stream:
 
 @pytest.fixture(scope="module")
 def stream(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stream]:
-    names = Topology()
-    worker = Worker(
-        kafka_bootstrap, names.config(INSTANCES), tmp_path_factory.mktemp("attack-worker")
-    ).start()
-    try:
+    workdir = tmp_path_factory.mktemp("attack-worker")
+    with running_worker(kafka_bootstrap, INSTANCES, workdir) as (names, worker):
         yield Stream(kafka_bootstrap, names, worker)
-    finally:
-        assert worker.stop() == 0, worker.tail()
 
 
 def events_of(value: bytes, headers: Sequence[Header]) -> list[FileEvent]:
@@ -312,24 +298,7 @@ def test_state_written_before_scopes_still_dedupes_and_orders(
     redelivery of an old change is a duplicate and an older change of an old key is stale."""
     names = Topology()
     config = names.config()
-    settings = Settings.model_validate(
-        {
-            "stream": {
-                "app_id": names.app_id,
-                "raw_topics": [names.raw],
-                "repartition_topic": f"{names.app_id}.by-key",
-                "dead_letter_topic": names.dead_letter,
-                "partitions": 2,
-            },
-            "instances": [
-                {
-                    "name": "default",
-                    "topic": names.output("default"),
-                    "stale_topic": names.stale("default"),
-                }
-            ],
-        }
-    )
+    settings = names.settings()
     name = tag()
     s3_key, azure_key = f"old/{name}/s3.bin", f"old/{name}/azure.bin"
     old_s3 = raw(s3_body(s3_record(s3_key, "0055AED6DCD9028200")), "s3")

@@ -8,13 +8,12 @@ handled (one key is one partition, handled in order).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pytest
-from support.kafka_io import Header, Read, produce, raw, read_topic
+from support.kafka_io import Read, raw
 from support.payloads import (
     azure_event,
     gcs_pull,
@@ -24,7 +23,9 @@ from support.payloads import (
     s3_record,
     sns_envelope,
 )
-from support.worker import Topology, Worker, wait_for
+from support.stream import Stream as BaseStream
+from support.stream import running_worker
+from support.worker import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -35,16 +36,7 @@ INSTANCES = [
 ]
 
 
-class Stream:
-    def __init__(self, bootstrap: str, names: Topology, worker: Worker) -> None:
-        self.bootstrap, self.names, self.worker = bootstrap, names, worker
-
-    def send(self, deliveries: Sequence[tuple[bytes, Sequence[Header]]], raw_key: str) -> None:
-        asyncio.run(produce(self.bootstrap, self.names.raw, deliveries, key=raw_key.encode()))
-
-    def read(self, topic: str) -> list[Read]:
-        return asyncio.run(read_topic(self.bootstrap, topic))
-
+class Stream(BaseStream):
     def events(self, instance: str = "default", key: str | None = None) -> list[dict[str, object]]:
         found = [read.json() for read in self.read(self.names.output(instance))]
         return [event for event in found if key is None or event["key"] == key]
@@ -64,14 +56,9 @@ class Stream:
 
 @pytest.fixture(scope="module")
 def stream(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stream]:
-    names = Topology()
-    worker = Worker(
-        kafka_bootstrap, names.config(INSTANCES), tmp_path_factory.mktemp("stream-worker")
-    ).start()
-    try:
+    workdir = tmp_path_factory.mktemp("stream-worker")
+    with running_worker(kafka_bootstrap, INSTANCES, workdir) as (names, worker):
         yield Stream(kafka_bootstrap, names, worker)
-    finally:
-        assert worker.stop() == 0, worker.tail()
 
 
 def unique(prefix: str) -> str:

@@ -12,7 +12,6 @@ from support.kafka_io import produce, raw, read_topic
 from support.payloads import s3_body, s3_record
 from support.worker import Topology, Worker
 
-from streams.config import Settings
 from streams.offsets import adopt_committed_offsets
 from streams.topics import ensure_topics, topology
 
@@ -50,24 +49,7 @@ def test_a_worker_upgraded_from_the_faust_agents_goes_on_where_they_stopped(
     new = s3_body(s3_record(f"new/{uuid.uuid4().hex[:8]}", "0055AED6DCD90281E5"))
 
     async def as_the_old_worker_left_it() -> None:
-        settings = Settings.model_validate(
-            {
-                "stream": {
-                    "app_id": names.app_id,
-                    "raw_topics": [names.raw],
-                    "repartition_topic": f"{names.app_id}.by-key",
-                    "dead_letter_topic": names.dead_letter,
-                    "partitions": 2,
-                },
-                "instances": [
-                    {
-                        "name": "default",
-                        "topic": names.output("default"),
-                        "stale_topic": names.stale("default"),
-                    }
-                ],
-            }
-        )
+        settings = names.settings()
         await ensure_topics(kafka_bootstrap, topology(settings))
         # A delivery the old worker had handled: its offset committed by the old group.
         await produce(kafka_bootstrap, names.raw, [raw(old, "s3")], key=b"one partition")

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 import uuid
@@ -16,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from streams.config import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 FAUST = Path(sys.executable).with_name("faust")
@@ -72,6 +75,10 @@ class Topology:
             }.items():
                 lines.append(f"{key} = {_toml(value)}")
         return "\n".join(lines) + "\n"
+
+    def settings(self, instances: list[dict[str, Any]] | None = None) -> Settings:
+        """The Settings a worker started with `config(instances)` runs with."""
+        return Settings.model_validate(tomllib.loads(self.config(instances)))
 
 
 def _toml(value: Any) -> str:
