@@ -355,6 +355,10 @@ async def _read_body(
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
+MAX_DETAIL_CHARS = 300
+"""Of a verdict's detail in the log: details may quote request headers (up to 8 KB each)."""
+
+
 def _refused(source: str, verdict: Verdict) -> web.Response:
     REJECTED.labels(source, verdict.reason).inc()
     log.info(
@@ -362,7 +366,7 @@ def _refused(source: str, verdict: Verdict) -> web.Response:
         source,
         verdict.status,
         verdict.reason,
-        verdict.detail,
+        verdict.detail[:MAX_DETAIL_CHARS],
     )
     text = "unauthenticated\n" if verdict.status == 401 else f"{verdict.reason}\n"
     return web.Response(status=verdict.status, text=text)
@@ -427,7 +431,10 @@ async def receive(request: web.Request) -> web.StreamResponse:
         if verdict.outcome != PUBLISH:
             HANDSHAKES.labels(source, verdict.reason).inc()
             log.info(
-                "answered %s handshake on /hooks/%s %s", verdict.reason, source, verdict.detail
+                "answered %s handshake on /hooks/%s %s",
+                verdict.reason,
+                source,
+                verdict.detail[:MAX_DETAIL_CHARS],
             )
             content_type = verdict.content_type if verdict.body else None
             return web.Response(
