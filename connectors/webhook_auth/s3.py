@@ -507,6 +507,11 @@ class SnsMessages:
     clock_skew_s: float = WebhookRouteConfig.SNS_CLOCK_SKEW_S
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset()
+    _topic_literals: tuple[bytes, ...] = field(init=False, repr=False)
+    """Each allowed TopicArn as the JSON string SNS writes it."""
+
+    def __post_init__(self) -> None:
+        self._topic_literals = tuple(json.dumps(arn).encode() for arn in sorted(self.topic_arns))
 
     async def authenticate(self, request: RequestFacts) -> Verdict:
         checked = self._cheap_checks(request)
@@ -531,9 +536,19 @@ class SnsMessages:
         return await self._confirm(message)
 
     def _cheap_checks(self, request: RequestFacts) -> Verdict | tuple[dict[str, Any], str]:
-        """Everything decided without I/O, in the order that refuses the cheapest first."""
+        """Everything decided without I/O, in the order that refuses the cheapest first.
+
+        The signature is inside the JSON, so the body must be parsed before it can be
+        checked; but a body that names no `Signature` field or no allowed topic (as SNS
+        writes them) is refused by a byte search first: a flood of large unsigned bodies costs
+        a scan each, not a parse (about 50 ms for 1 MB of small objects)."""
+        body = request.body
+        if b'"Signature"' not in body:
+            return reject("missing-signature", "body is not a signed SNS message")
+        if not any(literal in body for literal in self._topic_literals):
+            return reject("unknown-topic", "the body names no allowed TopicArn")
         try:
-            message = json.loads(request.body, object_pairs_hook=_unique_keys)
+            message = json.loads(body, object_pairs_hook=_unique_keys)
         except DuplicateKey:
             return reject("unsigned-fields", "SNS message names a field twice")
         except (ValueError, RecursionError):  # RecursionError: absurdly deep nesting

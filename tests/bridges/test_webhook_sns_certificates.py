@@ -406,6 +406,33 @@ def test_unsigned_and_malformed_messages_never_fetch(tmp_path: Path) -> None:
     assert http.asked == []
 
 
+def test_large_bodies_without_a_signature_or_an_allowed_topic_are_never_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flood of 1 MB unsigned bodies costs the bridge a byte search each, not a JSON parse
+    (the parse runs Python per object: ~50 ms for 1 MB of small objects)."""
+    import connectors.webhook_auth.s3 as s3_auth
+
+    chain = sns_chain()
+    route = sns(trusting(tmp_path, chain), FakeHttp())
+    parsed: list[int] = []
+    real_loads = s3_auth.json.loads
+
+    def counting_loads(text: Any, **kwargs: Any) -> Any:
+        parsed.append(len(text))
+        return real_loads(text, **kwargs)
+
+    monkeypatch.setattr(s3_auth.json, "loads", counting_loads)
+    objects = ("[" + ",".join(['{"a":1}'] * 120_000) + "]").encode()
+    named = json.dumps({"Type": "Notification", "Signature": "x", "TopicArn": "arn:other", "P": 1})
+    padded = named.encode()[:-1] + b',"Pad":' + objects + b"}"
+    assert refused(check(route, objects), "missing-signature")
+    assert refused(check(route, padded), "unknown-topic")
+    assert parsed == []
+    check(route, signed(chain))  # a message naming both is parsed (then checked further)
+    assert len(parsed) == 1
+
+
 def test_concurrent_messages_naming_one_url_share_one_fetch(tmp_path: Path) -> None:
     chain = sns_chain()
 
