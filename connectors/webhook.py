@@ -99,8 +99,9 @@ check from the head alone (`before_body`: the whole credential for MinIO, Supaba
 EventBridge, Azure, GCS; the signature headers, their algorithm and the signed timestamp's
 window for B2, Box, Cloudinary, Appwrite), and only then the body is read (bounded in time
 and in bytes held) and the signature over it checked. SNS needs the body first (its signature
-is inside the JSON). So a request without a valid secret is refused before its body is read,
-held or parsed wherever the scheme puts the secret outside the body.
+is inside the JSON), but a body naming no `Signature` or no allowed topic is refused by a
+byte search before it is parsed. So a request without a valid secret is refused before its
+body is read, held or parsed wherever the scheme puts the secret outside the body.
 
 Answers: 202 published; 200 handshake answered (never published); 401 unauthenticated,
 forged, unsigned, truncated or wrong-algorithm signature, replayed (outside the window), an
