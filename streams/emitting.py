@@ -189,6 +189,18 @@ def instance_scope(event: KeyedEvent, instance: InstanceConfig) -> str:
     return scope(event)
 
 
+def scoped_seen_key(instance: str, event: KeyedEvent, scope: str) -> tuple[bytes, bool]:
+    """The dedupe key of `event` in `scope`, and whether its id is the provider's own (whose
+    key is the one before scopes: module docstring)."""
+    own = own_id(event.id, event.provider, scope)
+    return seen_key(instance, event.id, None if own else scope), own
+
+
+def dedupe_key(event: KeyedEvent, instance: InstanceConfig) -> bytes:
+    """The `seen` key `plan_batch` records for `event` in `instance`."""
+    return scoped_seen_key(instance.name, event, instance_scope(event, instance))[0]
+
+
 def legacy_id_readable(event_id: str, provider: str) -> bool:
     """Whether the pre-scope key of `event_id` may stand in for a scoped miss: not for an id
     `<p>:...` of another source `p`, whose old-form key `p` still writes."""
@@ -280,8 +292,7 @@ def plan_batch(
 
         partition = item.partition
         event_scope = instance_scope(event, instance)
-        own = own_id(event.id, event.provider, event_scope)
-        id_key = seen_key(instance.name, event.id, None if own else event_scope)
+        id_key, own = scoped_seen_key(instance.name, event, event_scope)
         stored = lookup(SEEN, partition, id_key)
         if (
             stored is None

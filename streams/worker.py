@@ -54,8 +54,8 @@ from streams.emitting import (
     KeyedInput,
     PendingState,
     decode_expiry,
+    dedupe_key,
     plan_batch,
-    seen_key,
 )
 from streams.offsets import adopt_committed_offsets
 from streams.progress import EXIT_STOP_TIMEOUT, STOP_GRACE_S, Progress, Stopping
@@ -470,7 +470,7 @@ class Pipeline:
         with contextlib.suppress(ValueError):
             event = parse_keyed(item.value, item.headers)
             seen = plan.writes.get((SEEN, item.partition), {})
-            seen.pop(seen_key(event.instance, event.id), None)
+            seen.pop(dedupe_key(event, settings.instance(event.instance)), None)
             if outcome is not None:
                 plan.outcomes[(event.instance, outcome)] -= 1
                 plan.outcomes[(event.instance, "dead_letter")] += 1

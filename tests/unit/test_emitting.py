@@ -21,13 +21,14 @@ from streams.emitting import (
     EmitPlan,
     KeyedInput,
     PendingState,
+    dedupe_key,
     mark_key,
     plan_batch,
     seen_key,
 )
 from streams.event import FileEvent
 from streams.ordering import Mark, mark_for
-from streams.records import OutRecord, keyed_record
+from streams.records import OutRecord, keyed_record, parse_keyed
 from streams.store import OFFSET_KEY
 
 NOW = 1_800_000_000.0
@@ -687,3 +688,18 @@ def test_an_old_dedupe_entry_of_another_source_s_id_is_not_read() -> None:
     native = other("b2", id="4_z27c88f1d182b150646ff0b16_f200ec6a")
     state = legacy_state(native)
     assert outcomes(plan([keyed(native)], state)) == {("a", "duplicate"): 1}
+
+
+def test_dedupe_key_is_the_key_the_plan_records() -> None:
+    """The emit stage un-records a refused event's id by `dedupe_key`: it must name exactly
+    the key the plan wrote, for own derived ids (the key before scopes) and for scoped ones."""
+    azure_event = azure("accounta", "0000000000000442000000000002896B", "azure-id")
+    instance = SETTINGS.instance("a")
+    for item in (event("0055AED6DCD9028200"), azure_event):
+        result = plan([keyed(item)])
+        parsed = parse_keyed(keyed(item).value, keyed(item).headers)
+        recorded = set(event_writes(result)[(SEEN, 0)])
+        assert recorded == {dedupe_key(parsed, instance)}
+    assert dedupe_key(
+        parse_keyed(keyed(azure_event).value, keyed(azure_event).headers), instance
+    ) != seen_key("a", "azure-id")
