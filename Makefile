@@ -5,22 +5,41 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 INSTANCE ?= default
 PYTEST_ARGS ?=
 
-.PHONY: install kafka kafka-stop kafka-fetch run test test-fast tail lint format bench bench-normalizers clean
+.PHONY: install test-deps kafka kafka-stop kafka-fetch run test test-fast tail lint format bench bench-normalizers clean
 
-install: $(STAMP) node_modules/.installed redis-server
+# What running needs: the virtualenv with the project and its dependencies (`make run` adds
+# the Kafka broker jars, through dev/kafka/localkafka.py). Re-installs only when
+# pyproject.toml changed: a second `make install` does nothing slow.
+install: $(STAMP)
 
-# Re-installs only when pyproject.toml changed: a second `make install` does nothing slow.
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e .
 	@touch $(STAMP)
 
-# Emulators the tests start (Azurite), from the npm registry, pinned by package-lock.json.
+# What only the tests need, one prerequisite per tool; each says what it installs when it
+# does (`make test: installing ...`), and nothing when it is there already.
+test-deps: $(TEST_STAMP) node_modules/.installed redis-server promtool
+
+# Names only, for the lines that say what is installed (read from the files that pin them).
+PY_TEST_TOOLS = $(shell $(PYTHON) -c 'import re, tomllib; print(", ".join(re.split(r"[^A-Za-z0-9._-]", r)[0] for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
+NPM_TEST_TOOLS = $(shell $(PYTHON) -c 'import json; print(", ".join(json.load(open("package.json"))["devDependencies"]))')
+
+# pyproject.toml's [test] extra: pytest and the libraries, linters and checkers the suite uses.
+$(TEST_STAMP): $(STAMP)
+	@echo "make test: installing the Python test tools of pyproject.toml [test] into $(VENV): $(PY_TEST_TOOLS)"
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(TEST_STAMP)
+
+# Emulators and tools the tests start (Azurite, ...), from the npm registry, pinned by
+# package-lock.json.
 node_modules/.installed: package.json package-lock.json
+	@echo "make test: installing the test tools of package.json from npm (npm ci): $(NPM_TEST_TOOLS)"
 	npm ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	@touch node_modules/.installed
 
@@ -28,14 +47,31 @@ node_modules/.installed: package.json package-lock.json
 .PHONY: redis-server
 redis-server:
 	@command -v redis-server >/dev/null || { \
+	  echo "make test: installing redis-server (Debian package, apt-get) for the consumer library's tests"; \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server; \
 	  else echo "redis-server is missing: run 'sudo apt-get install redis-server', then make again" >&2; exit 1; fi; }
 
+# Debian's prometheus package: `promtool check rules` on k8s/monitoring/prometheusrule.yaml,
+# and the `prometheus` server that scrapes a test worker (tests/k8s/test_monitoring*.py).
+# Without recommends (node-exporter, smartmontools); the package's own service, where systemd
+# starts it, listens on 9090; the tests run their own server on a free port.
+.PHONY: promtool
+promtool:
+	@{ command -v promtool && command -v prometheus; } >/dev/null || { \
+	  echo "make test: installing prometheus (Debian package, apt-get: promtool and the server) for the k8s/monitoring tests"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; \
+	  else echo "promtool/prometheus are missing: run 'sudo apt-get install --no-install-recommends prometheus', then make again" >&2; exit 1; fi; }
+
+# `make kafka KAFKA_BROKERS=3`: a local three-broker cluster instead (its own ports and
+# state directory; `make kafka-stop KAFKA_BROKERS=3` stops it).
+# `make kafka KAFKA_SECURITY=sasl_ssl` (TLS + SCRAM-SHA-512 + ACLs) or `ssl` (mutual TLS):
+# a secured listener; `set -a; . <state dir>/client.env` points any command at it.
+# LOCAL_KAFKA_PORT=<port> moves the broker, and `make run` / `make tail` with it.
 kafka:
-	@$(PYTHON) dev/kafka/localkafka.py start
+	@$(PYTHON) dev/kafka/localkafka.py start$(if $(KAFKA_BROKERS), --brokers $(KAFKA_BROKERS))$(if $(KAFKA_SECURITY), --security $(KAFKA_SECURITY))
 
 kafka-stop:
-	@$(PYTHON) dev/kafka/localkafka.py stop
+	@$(PYTHON) dev/kafka/localkafka.py stop$(if $(KAFKA_BROKERS), --brokers $(KAFKA_BROKERS))
 
 kafka-fetch:
 	@$(PYTHON) dev/kafka/localkafka.py fetch >/dev/null
@@ -44,25 +80,36 @@ run: install
 	@$(BIN)/python dev/run.py
 
 # The whole suite, slow tests included (CI runs exactly this).
-test: install kafka-fetch
+test: test-deps kafka-fetch
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Everything but the slow chaos and load tests.
-test-fast: install kafka-fetch
+test-fast: test-deps kafka-fetch
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# Without KAFKA_BOOTSTRAP_SERVERS, the local broker's client settings (its port, its security).
 tail: install
-	@$(BIN)/python -m streams tail --instance $(INSTANCE)
+	@if [ -z "$$KAFKA_BOOTSTRAP_SERVERS" ]; then \
+	  local_kafka="$$($(PYTHON) dev/kafka/localkafka.py env)" || exit 1; set -a; eval "$$local_kafka"; set +a; fi; \
+	$(BIN)/python -m streams tail --instance $(INSTANCE)$(if $(HEADERS), --headers)
 
-lint: install
+# The stage groups' members, partition owners and lag, restore, events/s per instance;
+# `make status WATCH=1` refreshes it every 2 s. Kafka as for `make tail`.
+.PHONY: status
+status: install
+	@if [ -z "$$KAFKA_BOOTSTRAP_SERVERS" ]; then \
+	  local_kafka="$$($(PYTHON) dev/kafka/localkafka.py env)" || exit 1; set -a; eval "$$local_kafka"; set +a; fi; \
+	$(BIN)/python -m streams status$(if $(WATCH), --watch)
+
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check streams connectors fileevents tests dev benchmarks examples
 	$(BIN)/mypy
 
-format: install
+format: $(TEST_STAMP)
 	$(BIN)/ruff format streams connectors fileevents tests dev benchmarks examples
 
 # The pipeline against the stack's ceiling on the local broker (prints figures; not a test).
-bench: install kafka-fetch
+bench: $(TEST_STAMP) kafka-fetch  # py-spy, for BENCH_ARGS=--profile
 	$(BIN)/python -m benchmarks.pipeline $(BENCH_ARGS)
 
 # Records per second per source through each normalizer, on one core (no Kafka).
@@ -74,6 +121,14 @@ bench-normalizers: install
 .PHONY: chaos
 chaos: install kafka-fetch
 	$(BIN)/python -m benchmarks.chaos $(CHAOS_ARGS)
+
+# Scale-out chaos run on the local broker: 3 workers under load, scale-out 1 -> 3, a SIGKILL
+# and a SIGSTOP past the session timeout, scale-in 3 -> 2 leaving for good; fails on any lost,
+# duplicated or misordered change, a worker exit it did not cause, or a scale-in whose
+# partitions wait more than 5 s (benchmarks/scale_chaos.py; CHAOS_SCALE_ARGS=--engine ...).
+.PHONY: chaos-scale
+chaos-scale: install kafka-fetch
+	$(BIN)/python -m benchmarks.scale_chaos $(CHAOS_SCALE_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis var

@@ -2,7 +2,8 @@
 
     python -m benchmarks.chaos [--deliveries 50000] [--kills 5] [--rate 1000] [--keys 2000]
                                [--guarantee exactly_once|at_least_once] [--seed 7]
-                               [--no-broker-restart] [--json FILE]
+                               [--no-broker-restart] [--broker-signal kill|term] [--json FILE]
+                               [--brokers 3 [--broker-kills 2]]
 
 One run, on a PRIVATE local broker (dev/kafka/localkafka.py in a temporary directory on a free
 port pair; nothing else is disturbed, and `KAFKA_BOOTSTRAP_SERVERS` is ignored because the run
@@ -25,7 +26,16 @@ must stop and restart its broker):
    a provider would redeliver it: a delivery counts as sent once acknowledged.
 3. Meanwhile the worker (`faust -A streams worker`, static group membership) is SIGKILLed
    `--kills` times at random moments spread over the production window and restarted at
-   once, and the broker is stopped (SIGTERM) and restarted once under the running worker.
+   once, and the broker is crashed (SIGKILL; `--broker-signal term` stops it gracefully
+   instead) and restarted once under the running worker. Why a crash and not a graceful stop
+   by default: on a single broker, a graceful stop makes every partition leaderless while the
+   broker still takes requests, and Kafka's transaction coordinator completes a transaction
+   committed in that window without writing its markers to partitions it finds leaderless
+   (it takes them for deleted: TransactionMarkerChannelManager). Those records then take the
+   outcome of their producer's next transaction on each partition, so one transaction can end
+   up committed on one partition and aborted on another. That is a property of Kafka with
+   replication factor 1, not of this stream (benchmarks/CHAOS.md, "A graceful stop of the
+   only broker"); with replication factor 3 the leader moves instead (`--brokers 3`).
 4. When the worker's two consumer groups (`<app id>-normalize` on the raw topic,
    `<app id>-emit` on the repartition topic) have committed the end of their topics
    (nothing left to process), the worker is stopped and the output, stale and dead-letter
@@ -56,6 +66,17 @@ Definitions used in the table:
   answers 200 (its tables restored, its agents running).
 * broker restart: seconds the broker was down, and seconds from its return until the worker's
   committed offsets on the raw topic moved again (it resumed by itself).
+
+On a cluster (`--brokers 3`, `make chaos CHAOS_ARGS="--brokers 3"`): the same run on a private
+three-broker cluster (`localkafka.py --brokers 3`: three KRaft nodes in combined mode), the
+stream's topics with replication factor 3 and min.insync.replicas 2. Instead of the single
+broker's restart, the broker leading most of the stream's partitions is SIGKILLed
+`--broker-kills` times (default 2) under load, each kept down until the stream has
+progressed again on every partition, then restarted and waited for until it is back in every
+partition's in-sync replicas (benchmarks/cluster_faults.py: which broker, and the figures:
+time without progress, restart, back in sync). The worker SIGKILLs continue as on one broker.
+A broker kill after which the stream does not progress everywhere within 180 s, or that
+found no production left to measure by, fails the run.
 
 The run fails (exit 1) on any lost change, any per-key order violation, any malformed delivery
 missing from the dead-letter topic, or a workload/id inconsistency; duplicates are reported,
@@ -90,11 +111,21 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from benchmarks.cluster_faults import (
+    IN_SYNC_TIMEOUT_S,
+    PROGRESS_TIMEOUT_S,
+    BrokerKill,
+    ClusterFaults,
+)
 from benchmarks.harness import PrivateBroker, WorkerProcess, free_port
+from dev.kafka.private import PrivateCluster
+from streams.config import load_settings
 from streams.event import FileEvent
+from streams.kafka_settings import KafkaSettings
 from streams.normalizers import MalformedDelivery, normalize
 from streams.ordering import Mark, mark_for, staleness
 from streams.records import RawRecord, delivery_from_raw
+from streams.topics import topology
 
 BASE_TIME = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
 
@@ -399,7 +430,7 @@ class Producer(threading.Thread):
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap,
+            **plaintext(self.bootstrap),
             acks="all",
             enable_idempotence=True,
             linger_ms=5,
@@ -480,10 +511,15 @@ class Read:
     headers: dict[str, bytes]
 
 
+def plaintext(bootstrap: str) -> dict[str, Any]:
+    """aiokafka arguments for the private PLAINTEXT broker this run starts."""
+    return KafkaSettings.of(bootstrap).aiokafka_args()
+
+
 async def read_topic(bootstrap: str, topic: str) -> list[Read]:
     """Every committed record of `topic`, by partition then offset (read_committed)."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **plaintext(bootstrap),
         group_id=None,
         enable_auto_commit=False,
         isolation_level="read_committed",
@@ -516,8 +552,8 @@ async def read_topic(bootstrap: str, topic: str) -> list[Read]:
 
 async def group_lag(bootstrap: str, group: str, topics: Sequence[str]) -> tuple[int, int]:
     """(records not yet committed by `group` on `topics`, committed offsets of the first)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    admin = AIOKafkaAdminClient(**plaintext(bootstrap), request_timeout_ms=5000)
+    consumer = AIOKafkaConsumer(**plaintext(bootstrap), group_id=None)
     await admin.start()
     await consumer.start()
     try:
@@ -578,9 +614,12 @@ class Result:
     unexpected_dead_letters: int = 0
     kills: int = 0
     recovery_s: list[float] = field(default_factory=list)
+    broker_signal: str = "kill"
     broker_down_s: float | None = None
     broker_resumed_s: float | None = None
     resent_by_producer: int = 0
+    brokers: int = 1
+    broker_kills: list[BrokerKill] = field(default_factory=list)
     wall_s: float = 0.0
     failures: list[str] = field(default_factory=list)
 
@@ -616,10 +655,11 @@ class Result:
             ),
             ("unexpected dead letters", str(self.unexpected_dead_letters)),
             (f"recovery after each of {self.kills} SIGKILLs (s)", recovery),
-            ("broker stop + restart under the worker", broker),
+            (f"broker SIG{self.broker_signal.upper()} + restart under the worker", broker),
             ("raw records resent by the producer (not acknowledged)", str(self.resent_by_producer)),
             ("wall time", f"{self.wall_s:.0f} s"),
         ]
+        rows = cluster_rows(self, rows)
         width = max(len(name) for name, _ in rows)
         lines = [
             f"chaos run {self.date}, guarantee {self.guarantee}: `{self.command}`",
@@ -715,6 +755,96 @@ def fault_schedule(
     return list(zip(moments, faults, strict=True))
 
 
+# ------------------------------------------------------------------------------ on a cluster
+# `--brokers 3`: the broker faults of benchmarks/cluster_faults.py instead of the single
+# broker's restart; the rest of the run is the same.
+
+
+def private_kafka(args: argparse.Namespace, workdir: Path) -> PrivateBroker | PrivateCluster:
+    """The run's own broker, or its own cluster with `--brokers N`."""
+    if args.brokers > 1:
+        return PrivateCluster(workdir / "kafka", brokers=args.brokers)
+    return PrivateBroker(workdir / "kafka", heap=os.environ.get("LOCAL_KAFKA_HEAP", "768m"))
+
+
+def replication_settings(brokers: int) -> str:
+    """The `[stream]` lines of a production cluster: 3 replicas, 2 in sync."""
+    if brokers == 1:
+        return ""
+    return f"replication_factor = {min(brokers, 3)}\nmin_insync_replicas = 2\n"
+
+
+def cluster_fault_schedule(
+    rng: random.Random, kills: int, broker_kills: int, window_s: float
+) -> list[tuple[float, str]]:
+    """Worker kills at random moments as on one broker; broker kills evenly spaced from 15 %
+    of the window, so that each has load to measure its failover by (each takes about a
+    minute with its restart; the next one waits for it)."""
+    faults = [(rng.uniform(0.1 * window_s, 0.9 * window_s), "kill") for _ in range(kills)]
+    faults += [
+        (window_s * (0.15 + 0.7 * index / max(broker_kills, 1)), "broker-kill")
+        for index in range(broker_kills)
+    ]
+    return sorted(faults)
+
+
+def cluster_faults(
+    broker: PrivateBroker | PrivateCluster, app_id: str, raw: str, config: Path
+) -> ClusterFaults | None:
+    if not isinstance(broker, PrivateCluster):
+        return None
+    topics = [spec.name for spec in topology(load_settings(config, environ={}))]
+    return ClusterFaults(broker, app_id, raw, f"{app_id}.by-key", topics)
+
+
+def kill_a_leading_broker(faults: ClusterFaults | None, producer: Producer, result: Result) -> None:
+    """One broker kill under load, its figures into `result`."""
+    if faults is None:
+        raise SystemExit("a broker kill needs --brokers 3")
+    number = len(result.broker_kills) + 1
+    if not producer.is_alive():
+        result.failures.append(
+            f"production ended before broker kill {number}: nothing to measure its failover "
+            "by (lower --rate or raise --deliveries)"
+        )
+        return
+    kill = faults.kill_leader()
+    result.broker_kills.append(kill)
+    print(f"#   broker SIGKILL {number}: {kill.describe()}", flush=True)
+    if kill.no_progress_s is None:
+        result.failures.append(
+            f"the stream did not progress on every partition within "
+            f"{PROGRESS_TIMEOUT_S:.0f} s of broker kill {number} (node {kill.node})"
+        )
+    elif not producer.is_alive():
+        result.failures.append(
+            f"production ended during broker kill {number}: its time without progress may "
+            "be short of the truth (lower --rate or raise --deliveries)"
+        )
+    if kill.in_sync_s is None:
+        result.failures.append(
+            f"node {kill.node} was not back in every partition's in-sync replicas "
+            f"{IN_SYNC_TIMEOUT_S:.0f} s after its restart"
+        )
+
+
+def cluster_rows(result: Result, rows: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The table's rows on a cluster: the broker kills instead of the single broker's restart."""
+    if result.brokers == 1:
+        return rows
+    single = next(index for index, (name, _) in enumerate(rows) if name.startswith("broker "))
+    kills = [
+        (f"broker SIGKILL {number} (the leader of most partitions)", kill.describe())
+        for number, kill in enumerate(result.broker_kills, 1)
+    ] or [("broker SIGKILLs", "none")]
+    cluster = (
+        "cluster",
+        f"{result.brokers} brokers (KRaft combined mode), replication factor "
+        f"{min(result.brokers, 3)}, min.insync.replicas 2",
+    )
+    return [cluster, *rows[:single], *kills, *rows[single + 1 :]]
+
+
 def run(args: argparse.Namespace, command: str) -> Result:
     started = time.monotonic()
     result = Result(
@@ -723,13 +853,15 @@ def run(args: argparse.Namespace, command: str) -> Result:
         guarantee=args.guarantee,
         deliveries=args.deliveries,
         kills=args.kills,
+        broker_signal=args.broker_signal,
+        brokers=args.brokers,
     )
     print(f"# building {args.deliveries} deliveries ...", flush=True)
     work = build_workload(args.deliveries, args.keys, args.seed)
     result.by_source = dict(work.by_source)
     result.redeliveries, result.out_of_order_pairs = work.redeliveries, work.out_of_order_pairs
     workdir = Path(tempfile.mkdtemp(prefix="chaos-"))
-    broker = PrivateBroker(workdir / "kafka", heap=os.environ.get("LOCAL_KAFKA_HEAP", "768m"))
+    broker = private_kafka(args, workdir)
     suffix = uuid.uuid4().hex[:8]
     app_id = f"chaos-{suffix}"
     raw, output, stale_topic, dead_letter = "chaos.raw", "chaos.events", "chaos.stale", "chaos.dlq"
@@ -738,9 +870,11 @@ def run(args: argparse.Namespace, command: str) -> Result:
         f'[stream]\napp_id = "{app_id}"\nraw_topics = ["{raw}"]\n'
         f'repartition_topic = "{app_id}.by-key"\ndead_letter_topic = "{dead_letter}"\n'
         f'partitions = 4\nprocessing_guarantee = "{args.guarantee}"\n'
+        f"{replication_settings(args.brokers)}"
         f'[[instances]]\nname = "default"\ntopic = "{output}"\nstale_topic = "{stale_topic}"\n'
     )
-    print(f"# starting a private broker in {workdir / 'kafka'} ...", flush=True)
+    what = f"cluster of {args.brokers} brokers" if args.brokers > 1 else "broker"
+    print(f"# starting a private {what} in {workdir / 'kafka'} ...", flush=True)
     broker.start()
     env = {
         **os.environ,
@@ -758,9 +892,14 @@ def run(args: argparse.Namespace, command: str) -> Result:
         worker.start()
         worker.wait_ready()
         window = args.deliveries / args.rate
-        schedule = fault_schedule(
-            random.Random(args.seed), args.kills, not args.no_broker_restart, window
+        schedule = (
+            cluster_fault_schedule(random.Random(args.seed), args.kills, args.broker_kills, window)
+            if args.brokers > 1
+            else fault_schedule(
+                random.Random(args.seed), args.kills, not args.no_broker_restart, window
+            )
         )
+        faults = cluster_faults(broker, app_id, raw, config)
         producer = Producer(broker.bootstrap, raw, work.deliveries, args.rate)
         print(
             f"# producing for ~{window:.0f} s; faults at "
@@ -780,10 +919,16 @@ def run(args: argparse.Namespace, command: str) -> Result:
                 worker.wait_ready()
                 result.recovery_s.append(time.monotonic() - killed_at)
                 print(f"#   SIGKILL: ready again after {result.recovery_s[-1]:.1f} s", flush=True)
+            elif what == "broker-kill":
+                kill_a_leading_broker(faults, producer, result)
             else:
+                assert isinstance(broker, PrivateBroker)  # one broker's restart
                 before = lag_now(broker.bootstrap, f"{app_id}-normalize", [raw])
                 stopped_at = time.monotonic()
-                broker.stop()
+                if args.broker_signal == "kill":
+                    broker.kill()
+                else:
+                    broker.stop()
                 time.sleep(args.broker_down_s)
                 broker.start()
                 back_at = time.monotonic()
@@ -857,10 +1002,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--no-broker-restart", action="store_true")
     parser.add_argument("--broker-down-s", type=float, default=5.0)
+    parser.add_argument(
+        "--broker-signal",
+        choices=["kill", "term"],
+        default="kill",
+        help="how the broker is stopped: a crash (SIGKILL, default) or a graceful stop (SIGTERM)",
+    )
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="1 (default): one broker, restarted once; 3 or more: a cluster whose leading "
+        "broker is SIGKILLed --broker-kills times (replication factor 3, 2 in sync)",
+    )
+    parser.add_argument(
+        "--broker-kills", type=int, default=2, help="with --brokers 3: how many (default 2)"
+    )
     parser.add_argument("--drain-timeout-s", type=float, default=600.0)
     parser.add_argument("--keep", action="store_true", help="keep the run's directory")
     parser.add_argument("--json", type=Path, help="also write the figures here, as JSON")
     args = parser.parse_args(argv)
+    if args.brokers == 2 or args.brokers < 1:
+        parser.error("--brokers: 1, or 3 or more (2 in sync of 3 survive one broker lost)")
     # aiokafka logs every refused connection while the broker is down; the table says enough.
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from benchmarks.harness import WorkerProcess, bootstrap_servers, metric
+from benchmarks.harness import WorkerProcess, bootstrap_servers, kafka_args, metric
 
 
 def s3_change(index: int, keys: int) -> tuple[bytes, bytes]:
@@ -71,7 +71,7 @@ class Run:
 def produce_steadily(bootstrap: str, topic: str, count: int, rate: float, keys: int) -> None:
     async def run() -> None:
         producer = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5
+            **kafka_args(bootstrap), acks="all", enable_idempotence=True, linger_ms=5
         )
         await producer.start()
         try:
@@ -91,7 +91,7 @@ def produce_steadily(bootstrap: str, topic: str, count: int, rate: float, keys: 
 
 async def read_output(bootstrap: str, topic: str) -> list[str]:
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **kafka_args(bootstrap),
         group_id=None,
         enable_auto_commit=False,
         isolation_level="read_committed",

@@ -13,9 +13,11 @@ from typing import Any
 
 import faust
 
+from streams.kafka_settings import KafkaSettings
+
 app = faust.App(
     os.environ.get("BENCH_APP_ID", "engine-floor"),
-    broker=f"kafka://{os.environ.get('KAFKA_BOOTSTRAP_SERVERS', '127.0.0.1:9092')}",
+    **KafkaSettings.from_environ().faust_args(),  # KAFKA_*: address, TLS, SASL
     web_port=int(os.environ.get("BENCH_WEB_PORT", "6099")),
     consumer_auto_offset_reset="earliest",
     datadir=os.environ.get("BENCH_DATA_DIR", "var/engine-floor"),  # not the working directory

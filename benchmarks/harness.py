@@ -13,8 +13,10 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from dev.kafka.private import LOCAL_KAFKA, PrivateBroker
+from streams.kafka_settings import KafkaSettings
 
 __all__ = ["PrivateBroker"]
 
@@ -33,6 +35,17 @@ def bootstrap_servers() -> str:
         check=True,
     )
     return started.stdout.strip().splitlines()[-1]
+
+
+def kafka_settings(bootstrap: str) -> KafkaSettings:
+    """The connection to `bootstrap`, with TLS and SASL from the `KAFKA_*` environment
+    variables the worker the benchmark starts reads too (streams.kafka_settings)."""
+    return KafkaSettings.from_environ(bootstrap_servers=bootstrap)
+
+
+def kafka_args(bootstrap: str) -> dict[str, Any]:
+    """aiokafka keyword arguments for `bootstrap` (`kafka_settings`)."""
+    return kafka_settings(bootstrap).aiokafka_args()
 
 
 def free_port() -> int:

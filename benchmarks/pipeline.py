@@ -2,6 +2,10 @@
 
     python -m benchmarks.pipeline [--deliveries 200000] [--seed 1] [--rate 2000] [--seconds 10]
         [--sections state,normalizers,webhook] [--profile FILE]
+        [--contestants ceiling,floor,pipeline,latency,librdkafka,kstreams]
+
+    # only the pipeline against the new contestants, no other sections (about a minute):
+    python -m benchmarks.pipeline --contestants pipeline,librdkafka,kstreams --sections ''
 
 On the real broker (KAFKA_BOOTSTRAP_SERVERS, else the local broker of `make kafka`), with one
 raw topic (4 partitions) filled once with a fixed-seed mix weighted like real traffic (mostly
@@ -13,7 +17,19 @@ pairs), three loops read the same input:
    batch per partition instead of a `send` per record, the pipeline's own produce path;
 2. engine floor: a Faust agent that consumes the topic and does nothing (benchmarks.engine_floor);
 3. pipeline: the full worker (normalize, repartition, dedupe, order, output), with its CPU
-   time and each stage's time split into waiting for records, handling and committing.
+   time and each stage's time split into waiting for records, handling and committing;
+4. the new ceiling: a bare librdkafka (confluent-kafka) consume -> produce loop, one
+   transaction per batch with its offsets (benchmarks.ceiling);
+5. Kafka Streams: the same job on the JVM (benchmarks/kstreams: parse by source with the
+   pipeline's ids, repartition by object key, dedupe and order in two RocksDB stores with
+   changelogs, `exactly_once_v2`), the JVM warmed by an untimed first pass over the same
+   topic. Then the check that it emitted, and put on its stale topic, exactly the ids the
+   pipeline did (against the pipeline's rules, `expected_decisions`, when the pipeline did
+   not run); a mismatch is printed between `!!!` marks.
+
+CPU per delivery: the process's user + system time (/proc/<pid>/stat, all threads) over the
+timed span, divided by the deliveries: the worker's, the JVM's, the bench process's for the
+librdkafka loop.
 
 Each figure is events/s from the first input read to the last output acknowledged. Then
 latency at a fixed offered load: p50/p99 from publishing a delivery to the raw topic until its
@@ -21,7 +37,8 @@ event is readable (read_committed) on the output topic. `--profile` samples the 
 worker with py-spy and prints where its time went (benchmarks.profile). Then the other
 sections, each its own script: state (benchmarks.restore), normalizers
 (benchmarks.normalizers), webhook bridge (benchmarks.webhook). The last line is
-pipeline / ceiling. A measurement, not a test.
+`pipeline / kafka-streams: X.XX` (events/s over events/s; after pipeline / ceiling and the
+CPU ratio). A measurement, not a test.
 """
 
 from __future__ import annotations
@@ -40,17 +57,32 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from confluent_kafka import Consumer
 
-from benchmarks.harness import FAUST, ROOT, WorkerProcess, bootstrap_servers, free_port, metric
+from benchmarks import kstreams
+from benchmarks.ceiling import librdkafka_loop
+from benchmarks.harness import (
+    FAUST,
+    ROOT,
+    WorkerProcess,
+    bootstrap_servers,
+    free_port,
+    kafka_args,
+    kafka_settings,
+    metric,
+)
 from benchmarks.profile import report
+from streams.config import load_settings
 from streams.delivery import Delivery
+from streams.emitting import KeyedInput, plan_batch
 from streams.normalizers import normalize
-from streams.records import OutRecord
+from streams.records import OutRecord, RawRecord, delivery_from_raw, keyed_record
 from streams.sending import PRODUCER_SETTINGS, acknowledged, enqueue, group_by_partition
 
 PARTITIONS = 4
@@ -189,8 +221,70 @@ def expected_ids(records: list[Raw]) -> set[str]:
     return ids
 
 
+def expected_decisions(records: list[Raw], batch: int = 1000) -> tuple[set[str], set[str]]:
+    """(emitted ids, stale ids) as the pipeline decides them: every event of the default
+    instance through `streams.emitting.plan_batch` (dedupe, then order) in input order, with
+    its state in a dict. The ground truth the Kafka Streams job is checked against."""
+    with tempfile.TemporaryDirectory(prefix="bench-truth-") as tmp:
+        config, output = worker_config(Path(tmp), "truth", "raw")
+        settings = load_settings(config, environ={})
+    inputs: list[KeyedInput] = []
+    for _, value, headers in records:
+        delivery = delivery_from_raw(RawRecord("raw", value, dict(headers)), None)
+        for event in normalize(delivery):
+            keyed = keyed_record("by-key", "default", event, None)
+            inputs.append(
+                KeyedInput("by-key", 0, keyed.key, keyed.value or b"", dict(keyed.headers))
+            )
+    state: dict[tuple[str, int, bytes], bytes] = {}
+
+    class DictState:
+        def get(self, table: str, partition: int, key: bytes) -> bytes | None:
+            return state.get((table, partition, key))
+
+    emitted: set[str] = set()
+    stale: set[str] = set()
+    for start in range(0, len(inputs), batch):
+        plan = plan_batch(inputs[start : start + batch], settings, DictState(), time.time())
+        for record in plan.outputs:
+            ce_id = dict(record.headers)["ce_id"].decode()
+            (emitted if record.topic == output else stale).add(ce_id)
+        for (table, partition), writes in plan.writes.items():
+            for key, value in writes.items():
+                state[(table, partition, key)] = value
+    return emitted, stale
+
+
+def topic_ids(bootstrap: str, topic: str, idle_s: float = 2.0) -> set[str]:
+    """The `ce_id` of every committed record of `topic`, read until it is quiet for `idle_s`
+    (its writer has stopped)."""
+    consumer = Consumer(
+        {
+            **kafka_settings(bootstrap).librdkafka_config(),
+            "group.id": f"bench-ids-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
+    ids: set[str] = set()
+    try:
+        consumer.subscribe([topic])
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < idle_s or not consumer.assignment():
+            messages = consumer.consume(num_messages=10_000, timeout=0.5)
+            if messages:
+                quiet_since = time.monotonic()
+            for message in messages:
+                if message.error() is None:
+                    ids.add(kstreams.ce_id(message))
+    finally:
+        consumer.close()
+    return ids
+
+
 async def create_topics(bootstrap: str, *names: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**kafka_args(bootstrap))
     await admin.start()
     try:
         await admin.create_topics([NewTopic(name, PARTITIONS, 1) for name in names])
@@ -199,9 +293,7 @@ async def create_topics(bootstrap: str, *names: str) -> None:
 
 
 async def fill(bootstrap: str, topic: str, records: list[Raw]) -> None:
-    producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=512 * 1024
-    )
+    producer = AIOKafkaProducer(**kafka_args(bootstrap), linger_ms=20, max_batch_size=512 * 1024)
     await producer.start()
     try:
         futures = [
@@ -222,13 +314,13 @@ async def ceiling(
     one record batch per partition instead, as the pipeline's stages do (streams.sending)."""
     consumer = AIOKafkaConsumer(
         source,
-        bootstrap_servers=bootstrap,
+        **kafka_args(bootstrap),
         group_id=f"ceil-{uuid.uuid4()}",
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         max_poll_records=2000,
     )
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, **PRODUCER_SETTINGS)
+    producer = AIOKafkaProducer(**kafka_args(bootstrap), **PRODUCER_SETTINGS)
     await consumer.start()
     await producer.start()
     done, started = 0, 0.0
@@ -370,11 +462,21 @@ def start_worker(
     return worker, port, output
 
 
+@dataclass(frozen=True)
+class PipelineRun:
+    """The full worker's figures, and its output and stale topics (for the id check)."""
+
+    rate: float
+    cpu_seconds: float
+    output: str
+    stale: str
+
+
 def run_pipeline(
     bootstrap: str, raw_topic: str, count: int, workdir: Path, profile: Path | None = None
-) -> float:
+) -> PipelineRun:
     """Events/s of the full worker; with `profile`, py-spy samples it meanwhile (raw stacks)."""
-    worker, port, _ = start_worker(bootstrap, raw_topic, workdir, "pipeline")
+    worker, port, output = start_worker(bootstrap, raw_topic, workdir, "pipeline")
     pid = worker.pid
     profiler: subprocess.Popen[bytes] | None = None
     cpu_at_start: list[float] = []
@@ -417,8 +519,8 @@ def run_pipeline(
             flush=True,
         )
         print(stage_breakdown(port), flush=True)
-        rate = count / seconds
-        return rate
+        stale = output.replace("bench-out-", "bench-stale-", 1)  # worker_config's names
+        return PipelineRun(count / seconds, busy, output, stale)
     finally:
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
@@ -459,13 +561,13 @@ async def latency(bootstrap: str, rate: float, seconds: float, workdir: Path) ->
         worker.wait_ready()
         consumer = AIOKafkaConsumer(
             output,
-            bootstrap_servers=bootstrap,
+            **kafka_args(bootstrap),
             group_id=None,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
         )
         await consumer.start()
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+        producer = AIOKafkaProducer(**kafka_args(bootstrap), acks="all", linger_ms=0)
         await producer.start()
         sent: dict[str, float] = {}
         arrived: dict[str, float] = {}
@@ -518,6 +620,46 @@ def run_section(name: str) -> None:
     print(flush=True)
 
 
+CONTESTANTS = ("ceiling", "floor", "pipeline", "latency", "librdkafka", "kstreams")
+"""What reads the filled topic, in the order run: the aiokafka ceiling (both forms), the engine
+floor, the pipeline, the latency run (its own topic), the bare librdkafka loop
+(benchmarks.ceiling) and the Kafka Streams job (benchmarks.kstreams)."""
+
+
+def check_same_ids(
+    streams: kstreams.StreamsRun, emitted: set[str], stale: set[str], against: str
+) -> bool:
+    """Print whether the Kafka Streams job emitted and staled exactly `emitted` / `stale`."""
+    same = streams.emitted == emitted and streams.stale == stale
+    if same:
+        print(
+            f"same ids: kafka-streams and {against} emitted the same {len(emitted):,} ids "
+            f"and staled the same {len(stale):,}",
+            flush=True,
+        )
+        return True
+    print(
+        f"!!! MISMATCH: kafka-streams and {against} decided differently: emitted "
+        f"{len(streams.emitted):,} vs {len(emitted):,} ({len(streams.emitted - emitted):,} only "
+        f"in kafka-streams, {len(emitted - streams.emitted):,} only in {against}); stale "
+        f"{len(streams.stale):,} vs {len(stale):,} !!!",
+        flush=True,
+    )
+    for name, ids in (
+        ("emitted only by kafka-streams", streams.emitted - emitted),
+        (f"emitted only by {against}", emitted - streams.emitted),
+        ("stale only in kafka-streams", streams.stale - stale),
+        (f"stale only in {against}", stale - streams.stale),
+    ):
+        if ids:
+            print(f"!!!   {name}, e.g. {sorted(ids)[:3]}", flush=True)
+    return False
+
+
+def per_delivery(cpu_s: float, count: int) -> str:
+    return f"CPU {cpu_s:.1f} s = {cpu_s / count * 1e6:,.0f} µs per delivery"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--deliveries", type=int, default=200_000)
@@ -530,36 +672,103 @@ def main() -> int:
         help="the other figures to print, comma-separated (default: all): " + ", ".join(SECTIONS),
     )
     parser.add_argument(
+        "--contestants",
+        default=",".join(CONTESTANTS),
+        help="what reads the filled topic, comma-separated (default: all): "
+        + ", ".join(CONTESTANTS)
+        + "; e.g. `--contestants pipeline,kstreams,librdkafka --sections ''` for the new ones",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
-        help="sample the pipeline's worker with py-spy into this file and summarise it",
+        help="sample the pipeline's worker with py-spy and summarise it",
     )
     args = parser.parse_args()
+    chosen = [name for name in args.contestants.split(",") if name]
+    unknown = sorted(set(chosen) - set(CONTESTANTS))
+    if unknown:
+        raise SystemExit(f"unknown contestant(s) {unknown}; known: {', '.join(CONTESTANTS)}")
     bootstrap = bootstrap_servers()
     records = workload(args.deliveries, args.seed)
+    count = len(records)
+    distinct = len(expected_ids(records))
     print(
-        f"# {len(records)} deliveries (seed {args.seed}), {len(expected_ids(records))} distinct "
+        f"# {count} deliveries (seed {args.seed}), {distinct} distinct "
         f"changes, {PARTITIONS} partitions, broker {bootstrap}, {os.cpu_count()} cores",
         flush=True,
     )
-    raw_topic, sink = f"bench-raw-{uuid.uuid4().hex[:8]}", f"bench-sink-{uuid.uuid4().hex[:8]}"
-    asyncio.run(create_topics(bootstrap, raw_topic, sink))
+    raw_topic = f"bench-raw-{uuid.uuid4().hex[:8]}"
+    asyncio.run(create_topics(bootstrap, raw_topic))
     asyncio.run(fill(bootstrap, raw_topic, records))
+
+    def new_sink() -> str:
+        sink = f"bench-sink-{uuid.uuid4().hex[:8]}"
+        asyncio.run(create_topics(bootstrap, sink))
+        return sink
+
+    top = floor = None
+    same = True  # the Kafka Streams job decided as the pipeline (exit status 1 if not)
+    pipeline: PipelineRun | None = None
+    streams: kstreams.StreamsRun | None = None
+    delays: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         workdir = Path(tmp)
-        top = asyncio.run(ceiling(bootstrap, raw_topic, sink, len(records)))
-        print(f"ceiling   (bare aiokafka consume -> produce): {top:>10,.0f} events/s", flush=True)
-        sink2 = f"bench-sink-{uuid.uuid4().hex[:8]}"
-        asyncio.run(create_topics(bootstrap, sink2))
-        batched = asyncio.run(ceiling(bootstrap, raw_topic, sink2, len(records), batched=True))
-        print(f"  the same, a record batch per partition:  {batched:>10,.0f} events/s", flush=True)
-        floor = run_floor(bootstrap, raw_topic, len(records), workdir)
-        print(f"engine floor (Faust agent, no work):        {floor:>10,.0f} events/s", flush=True)
-        pipeline = run_pipeline(bootstrap, raw_topic, len(records), workdir, args.profile)
-        print(
-            f"pipeline  (full worker):                    {pipeline:>10,.0f} events/s", flush=True
-        )
-        delays = asyncio.run(latency(bootstrap, args.rate, args.seconds, workdir))
+        if "ceiling" in chosen:
+            top = asyncio.run(ceiling(bootstrap, raw_topic, new_sink(), count))
+            print(
+                f"ceiling   (bare aiokafka consume -> produce): {top:>10,.0f} events/s", flush=True
+            )
+            batched = asyncio.run(ceiling(bootstrap, raw_topic, new_sink(), count, batched=True))
+            print(
+                f"  the same, a record batch per partition:  {batched:>10,.0f} events/s", flush=True
+            )
+        if "floor" in chosen:
+            floor = run_floor(bootstrap, raw_topic, count, workdir)
+            print(
+                f"engine floor (Faust agent, no work):        {floor:>10,.0f} events/s", flush=True
+            )
+        if "pipeline" in chosen:
+            pipeline = run_pipeline(bootstrap, raw_topic, count, workdir, args.profile)
+            print(
+                f"pipeline  (full worker):                    {pipeline.rate:>10,.0f} events/s; "
+                f"worker {per_delivery(pipeline.cpu_seconds, count)}",
+                flush=True,
+            )
+        if "latency" in chosen:
+            delays = asyncio.run(latency(bootstrap, args.rate, args.seconds, workdir))
+        if "librdkafka" in chosen:
+            loop = librdkafka_loop(bootstrap, raw_topic, new_sink(), count)
+            print(
+                f"ceiling, librdkafka (confluent-kafka consume -> produce, a transaction per "
+                f"batch): {loop.rate:,.0f} events/s; bench process "
+                f"{per_delivery(loop.cpu_seconds, count)}",
+                flush=True,
+            )
+        if "kstreams" in chosen:
+            streams = kstreams.run(
+                bootstrap,
+                raw_topic,
+                count,
+                distinct,
+                workdir,
+                lambda *names: asyncio.run(create_topics(bootstrap, *names)),
+            )
+            decided = ", ".join(f"{k} {v:,}" for k, v in streams.counts.items())
+            print(
+                f"kafka-streams (the same job, exactly_once_v2, warm JVM): {streams.rate:>10,.0f} "
+                f"events/s; JVM (all threads) {per_delivery(streams.cpu_seconds, count)}; "
+                f"{decided}",
+                flush=True,
+            )
+            if pipeline is not None:
+                same = check_same_ids(
+                    streams,
+                    topic_ids(bootstrap, pipeline.output),
+                    topic_ids(bootstrap, pipeline.stale),
+                    "the pipeline",
+                )
+            else:
+                same = check_same_ids(streams, *expected_decisions(records), "the pipeline's rules")
     if delays:
         p50 = delays[len(delays) // 2] * 1000
         p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))] * 1000
@@ -571,9 +780,17 @@ def main() -> int:
         print("\n".join(report(args.profile)))
     for name in filter(None, args.sections.split(",")):
         run_section(name)
-    print(f"pipeline / engine floor: {pipeline / floor:.3f}")
-    print(f"pipeline / ceiling: {pipeline / top:.3f}")
-    return 0
+    if pipeline is not None and floor is not None:
+        print(f"pipeline / engine floor: {pipeline.rate / floor:.3f}")
+    if pipeline is not None and top is not None:
+        print(f"pipeline / ceiling: {pipeline.rate / top:.3f}")
+    if pipeline is not None and streams is not None:
+        print(
+            "worker CPU per delivery, pipeline / kafka-streams JVM: "
+            f"{pipeline.cpu_seconds / streams.cpu_seconds:.2f}"
+        )
+        print(f"pipeline / kafka-streams: {pipeline.rate / streams.rate:.2f}")
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

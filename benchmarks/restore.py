@@ -2,6 +2,7 @@
 
     python -m benchmarks.restore [--ids 1000000] [--partitions 4] [--ttl 24h]
                                  [--expiry-ids N] [--expiry-ttl 60s] [--sweep-interval 2]
+                                 [--marks N]
 
 On the real broker (KAFKA_BOOTSTRAP_SERVERS, else the local broker of `make kafka`), for a
 fresh app id: create the stream's topics (`streams.topics.topology`, so the `seen` changelog
@@ -33,6 +34,14 @@ partitions. Then:
    hold no id; the disk it still uses is reported. The TTL must exceed the fill, the
    restore and the restart, or ids expire before they are swept.
 
+5. Marks (`--marks N`, default 0 = skipped): a fourth app id whose `marks` changelog is filled
+   with N ordering marks of live keys in the format `streams.emitting` writes (key
+   `<instance>|s3|<bucket>/<key>` with an S3-like object key, value the JSON mark of an S3
+   `created` with its sequencer padded to 64 hex digits), its `seen` changelog left empty. A
+   worker restores them into an empty state directory (timed as in 1, less the empty start),
+   is stopped, and the `marks-*.db` files are summed: bytes on disk per live key, next to
+   the mean changelog record (key + value) per key. Then a restart on the kept directory.
+
 Prints its lines (`run` returns them); progress goes to stderr. The topics it created are
 deleted at the end. Other benchmarks may run on the same machine: timings are noisy. A
 measurement, not a test.
@@ -58,15 +67,33 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import orjson
 import rocksdict
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from benchmarks.harness import FAUST, ROOT, bootstrap_servers, free_port, metric
-from streams.config import load_settings, parse_duration
-from streams.emitting import encode_expiry, seen_key
+from benchmarks.harness import (
+    FAUST,
+    ROOT,
+    bootstrap_servers,
+    free_port,
+    kafka_args,
+    kafka_settings,
+    metric,
+)
+from streams.config import Settings, load_settings, parse_duration
+from streams.emitting import (
+    MARKS,
+    MARKS_SWEEP_SCAN,
+    deleted_mark_grace,
+    encode_expiry,
+    mark_revision,
+    seen_key,
+)
 from streams.normalizers.base import derived_id
-from streams.topics import SEEN_TABLE, changelog_topic, ensure_topics, topology
+from streams.ordering import Mark
+from streams.store import Revision, StateStore
+from streams.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
 
 INSTANCE = "default"
 EXPIRED_METRIC = "storage_events_dedupe_expired_total"
@@ -101,7 +128,7 @@ async def fill_changelog(
     """Write `ids` dedupe entries to the `seen` changelog, each expiring `ttl_s` after it is
     written (as the stream records a new id)."""
     producer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
+        **kafka_args(bootstrap),
         acks="all",
         enable_idempotence=True,
         linger_ms=50,
@@ -127,6 +154,58 @@ async def fill_changelog(
     finally:
         await producer.stop()
     return Fill(time.monotonic() - started, first_expiry, last_expiry)
+
+
+@dataclass(frozen=True)
+class MarksFill:
+    seconds: float
+    record_bytes: int
+    """key + value bytes of all the records written"""
+
+
+def benchmark_mark(index: int) -> tuple[bytes, bytes]:
+    """The `marks` entry of a live S3 key, as `streams.emitting` records it."""
+    digest = derived_id("s3", "marks-benchmark", index)[3:]
+    key = f"{INSTANCE}|s3|restore-benchmark/data/{digest[:2]}/{digest[2:10]}/{index}.parquet"
+    sequencer = f"{(index * 7919) & 0xFFFFFFFFFFFFFFFF:016X}00"  # S3's: 18 hex digits
+    mark = Mark(
+        kind="aws-sequencer",
+        token=(sequencer.ljust(64, "0"),),
+        time=time.time(),
+        event_id=derived_id("s3", "marks-benchmark-event", index),
+        type="created",
+    )
+    return key.encode(), orjson.dumps(mark.to_json())
+
+
+async def fill_marks(bootstrap: str, topic: str, partitions: int, keys: int) -> MarksFill:
+    """Write `keys` ordering marks of live keys to the `marks` changelog."""
+    producer = AIOKafkaProducer(
+        **kafka_args(bootstrap),
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=50,
+        max_batch_size=1024 * 1024,
+    )
+    await producer.start()
+    started = time.monotonic()
+    size = 0
+    try:
+        chunk: list[asyncio.Future[object]] = []
+        for index in range(keys):
+            key, value = benchmark_mark(index)
+            size += len(key) + len(value)
+            chunk.append(await producer.send(topic, value, key=key, partition=index % partitions))
+            if len(chunk) >= 50_000:
+                await asyncio.gather(*chunk)
+                chunk = []
+                if index % 1_000_000 < 50_000:
+                    progress(f"marks: {index + 1:,} written")
+        await asyncio.gather(*chunk)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    return MarksFill(time.monotonic() - started, size)
 
 
 @dataclass
@@ -268,13 +347,13 @@ class Disk:
         return sum(self.allocated.values())
 
 
-def seen_databases(state_dir: Path) -> list[Path]:
-    return sorted(path for path in state_dir.glob(f"{SEEN_TABLE}-*.db") if path.is_dir())
+def seen_databases(state_dir: Path, table: str = SEEN_TABLE) -> list[Path]:
+    return sorted(path for path in state_dir.glob(f"{table}-*.db") if path.is_dir())
 
 
-def disk_usage(state_dir: Path) -> Disk:
+def disk_usage(state_dir: Path, table: str = SEEN_TABLE) -> Disk:
     disk = Disk()
-    for db in seen_databases(state_dir):
+    for db in seen_databases(state_dir, table):
         disk.databases += 1
         for path in db.rglob("*"):
             if not path.is_file():
@@ -287,11 +366,11 @@ def disk_usage(state_dir: Path) -> Disk:
     return disk
 
 
-def live_ids(state_dir: Path) -> int:
-    """The dedupe ids the `seen-*.db` databases hold (opened read-only; call after sizing
-    them: opening starts a new info LOG)."""
+def live_ids(state_dir: Path, table: str = SEEN_TABLE) -> int:
+    """The entries the `<table>-*.db` databases hold, NUL-led bookkeeping keys aside (opened
+    read-only; call after sizing them: opening starts a new info LOG)."""
     count = 0
-    for path in seen_databases(state_dir):
+    for path in seen_databases(state_dir, table):
         db = rocksdict.Rdict(
             str(path),
             options=rocksdict.Options(raw_mode=True),
@@ -309,7 +388,7 @@ def live_ids(state_dir: Path) -> int:
 
 
 async def delete_topics(bootstrap: str, names: list[str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**kafka_args(bootstrap))
     await admin.start()
     try:
         with contextlib.suppress(Exception):
@@ -419,6 +498,104 @@ def expiry_phase(
     )
 
 
+@dataclass
+class Marks:
+    """What the marks phase saw."""
+
+    keys: int
+    fill: MarksFill
+    cold: Start
+    """the start that restored the marks into an empty state directory"""
+    stop_s: float
+    disk: Disk
+    live: int
+    scan_s: float
+    scanned: int
+    """a sweep's read of one partition's marks (`StateStore.revisions`), timed in-process"""
+    warm: Start
+    """the restart on the kept state directory"""
+
+
+def marks_phase(
+    bootstrap: str,
+    workdir: Path,
+    app_id: str,
+    config: Path,
+    topic: str,
+    partitions: int,
+    keys: int,
+    timeout_s: float,
+) -> Marks:
+    """Fill the `marks` changelog, restore it into an empty state directory, stop (the
+    store flushes), size the databases, and start again on the kept directory."""
+    fill = asyncio.run(fill_marks(bootstrap, topic, partitions, keys))
+    progress(f"marks: wrote {keys:,} marks to {topic} in {fill.seconds:.1f} s")
+    worker = Worker(bootstrap, config, workdir / "marks-state", workdir / "marks.log")
+    state_dir = worker.state_dir(app_id)
+    try:
+        cold = worker.start(timeout_s)
+        progress(f"marks: restored {keys:,} marks; ready after {cold.ready_s:.1f} s")
+        stop_s = worker.stop()
+        disk = disk_usage(state_dir, MARKS_TABLE)
+        live = live_ids(state_dir, MARKS_TABLE)
+        scan_s, scanned = sweep_scan(state_dir, settings_of(config))
+        warm = worker.start(timeout_s)
+    finally:
+        worker.stop()
+    return Marks(keys, fill, cold, stop_s, disk, live, scan_s, scanned, warm)
+
+
+def settings_of(config: Path) -> Settings:
+    return load_settings(config, environ={})
+
+
+def sweep_scan(state_dir: Path, settings: Settings) -> tuple[float, int]:
+    """Time what a sweep does to partition 0's marks, read through to the end (the worker
+    reads `streams.emitting.MARKS_SWEEP_SCAN` per sweep): (seconds, marks read)."""
+    store = StateStore(state_dir, {MARKS: changelog_topic(settings, MARKS_TABLE)})
+    store.open([0])
+    read = 0
+    now = time.time()
+
+    def revise(key: bytes, value: bytes) -> Revision | None:
+        nonlocal read
+        read += 1
+        return mark_revision(key, value, now, lambda key: deleted_mark_grace(settings, INSTANCE))
+
+    try:
+        started = time.perf_counter()
+        store.revisions(MARKS, 0, 50_000, revise)
+        return time.perf_counter() - started, read
+    finally:
+        store.close()
+
+
+def marks_lines(marks: Marks, empty: Start) -> list[str]:
+    keys = marks.keys
+    restore_s = marks.cold.ready_s - empty.ready_s
+    lines = [
+        f"marks: {keys:,} live keys written to the marks changelog in {marks.fill.seconds:.1f} s "
+        f"({keys / marks.fill.seconds:,.0f}/s); changelog record (key + value) "
+        f"{marks.fill.record_bytes / keys:.1f} bytes per key",
+        f"marks restore: ready after {marks.cold.ready_s:.1f} s with an empty state dir, less "
+        f"the empty start ({empty.ready_s:.1f} s) = {restore_s:.1f} s for {keys:,} keys = "
+        f"{restore_s / keys * 1_000_000:.1f} s per million; worker RSS at ready "
+        f"{mib(marks.cold.rss)} (peak {mib(marks.cold.rss_peak)})",
+        f"marks on disk after a clean stop ({marks.stop_s:.1f} s from SIGTERM to exit): "
+        f"{marks.live:,} live keys (counted read-only), {marks.disk.total:,} bytes = "
+        f"{marks.disk.total / keys:.1f} per live key (SST only "
+        f"{marks.disk.size.get('SST', 0) / keys:.1f})",
+    ]
+    lines += disk_lines(marks.disk, keys)
+    lines.append(
+        f"marks sweep: reading partition 0's {marks.scanned:,} marks took {marks.scan_s:.1f} s "
+        f"= {marks.scan_s / max(marks.scanned, 1) * 1e6:.1f} us per mark (a sweep reads "
+        f"{MARKS_SWEEP_SCAN:,} per partition)"
+    )
+    lines.append(f"marks: restart on the kept state dir ready after {marks.warm.ready_s:.1f} s")
+    return lines
+
+
 def disk_lines(disk: Disk, ids: int) -> list[str]:
     lines = [
         "| files | count | bytes | allocated (du) | bytes per id |",
@@ -447,9 +624,11 @@ def run(
     expiry_ttl: str = "60s",
     sweep_interval_s: float = 2.0,
     timeout_s: float = 900.0,
+    marks: int = 0,
 ) -> list[str]:
     """Measure, print and return the lines. `expiry_ids` (default `ids`) ids go through the
-    TTL phase with `expiry_ttl`; 0 skips it."""
+    TTL phase with `expiry_ttl`; 0 skips it. `marks` live keys' marks go through the marks
+    phase; 0 skips it."""
     expiry_ids = ids if expiry_ids is None else expiry_ids
     workdir = Path(tempfile.mkdtemp(prefix="storage-events-restore-"))
     suffix = uuid.uuid4().hex[:8]
@@ -468,14 +647,18 @@ def run(
         ]
         if expiry_ids:
             phases.append((f"restore-ttl-{suffix}", expiry_ttl, sweep_interval_s))
+        if marks:
+            phases.append((f"restore-marks-{suffix}", ttl, 30.0))
         loaded = []
+        marks_topic = ""
         for app_id, app_ttl, interval in phases:
             config = write_config(workdir, app_id, partitions, app_ttl, interval)
             settings = load_settings(config, environ={})
             specs = topology(settings)
-            asyncio.run(ensure_topics(bootstrap, specs, retry_for_s=60))
+            asyncio.run(ensure_topics(kafka_settings(bootstrap), specs, retry_for_s=60))
             created += [spec.name for spec in specs] + [f"{app_id}-__assignor-__leader"]
             loaded.append((app_id, config, changelog_topic(settings, SEEN_TABLE)))
+            marks_topic = changelog_topic(settings, MARKS_TABLE)
         (app_id, config, seen_topic), (_, empty_config, _) = loaded[:2]
 
         fill = asyncio.run(
@@ -514,6 +697,19 @@ def run(
                 expiry_ids,
                 parse_duration(expiry_ttl),
                 sweep_interval_s,
+                timeout_s,
+            )
+        marks_seen: Marks | None = None
+        if marks:
+            marks_app_id, marks_config, _ = loaded[-1]
+            marks_seen = marks_phase(
+                bootstrap,
+                workdir,
+                marks_app_id,
+                marks_config,
+                marks_topic,
+                partitions,
+                marks,
                 timeout_s,
             )
         succeeded = True
@@ -578,6 +774,9 @@ def run(
     if expiry is not None:
         for line in expiry_lines(expiry):
             say(line)
+    if marks_seen is not None:
+        for line in marks_lines(marks_seen, empty):
+            say(line)
     return lines
 
 
@@ -637,6 +836,12 @@ def main() -> None:
         help="dedupe_sweep_interval_s of the TTL phase, seconds (default 2)",
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="per start, seconds")
+    parser.add_argument(
+        "--marks",
+        type=int,
+        default=0,
+        help="live keys' ordering marks of the marks phase (default 0: skipped)",
+    )
     args = parser.parse_args()
     # Stopped early: still delete the topics and stop the worker (the finally blocks).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -649,6 +854,7 @@ def main() -> None:
         expiry_ttl=args.expiry_ttl,
         sweep_interval_s=args.sweep_interval,
         timeout_s=args.timeout,
+        marks=args.marks,
     )
 
 

@@ -52,7 +52,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import ROOT, bootstrap_servers, free_port
+from benchmarks.harness import ROOT, bootstrap_servers, free_port, kafka_args, kafka_settings
 
 PARTITIONS = 4
 SOURCE = "minio"
@@ -198,7 +198,7 @@ def serve_bare(bootstrap: str, topic: str, port: int) -> None:
         return web.json_response({"ok": True, "kafka": True})
 
     async def lifecycle(app: web.Application) -> Any:
-        producer = AIOKafkaProducer(**producer_settings(bootstrap, timeout_s))
+        producer = AIOKafkaProducer(**producer_settings(kafka_settings(bootstrap), timeout_s))
         await producer.start()
         producers.append(producer)
         yield
@@ -272,7 +272,7 @@ async def create_topic(bootstrap: str, topic: str) -> None:
 
     from streams.topics import RAW_MAX_MESSAGE_BYTES
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**kafka_args(bootstrap))
     await admin.start()
     try:
         config = {"max.message.bytes": str(RAW_MAX_MESSAGE_BYTES)}
@@ -284,7 +284,7 @@ async def create_topic(bootstrap: str, topic: str) -> None:
 async def delete_topic(bootstrap: str, topic: str) -> None:
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(**kafka_args(bootstrap))
     await admin.start()
     try:
         await admin.delete_topics([topic])
@@ -296,7 +296,7 @@ async def records_on(bootstrap: str, topic: str) -> int:
     """How many records the topic (made by `create_topic`) holds: its end offsets' sum."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    consumer = AIOKafkaConsumer(**kafka_args(bootstrap), group_id=None)
     await consumer.start()
     try:
         ends = await consumer.end_offsets([TopicPartition(topic, p) for p in range(PARTITIONS)])
@@ -495,7 +495,7 @@ def run(
 
     from connectors.publisher import producer_settings
 
-    producer = producer_settings(bootstrap, 10.0)
+    producer = producer_settings(kafka_settings(bootstrap), 10.0)
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     say(
         f"# webhook bridge vs bare aiohttp handler, {now}, {platform.node()}: "

@@ -13,6 +13,8 @@ import sys
 
 from connectors.command import BridgeCommand
 from streams.config import ConfigError, load_settings
+from streams.kafka_settings import KafkaAccessError, KafkaRefusalWording
+from streams.logs import install_kafka_log_filter
 
 BRIDGES = {
     "webhook": "connectors.webhook",
@@ -37,12 +39,18 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO,
         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s",
     )
+    install_kafka_log_filter()  # an outage: one line per cause every few seconds
     try:
         settings = load_settings(args.config)
     except ConfigError as exc:
         print(f"connectors: {exc}", file=sys.stderr)
         return 2
-    code: int = args.bridge.run(args, settings)
+    KafkaRefusalWording(settings.kafka).install()  # retry lines name the setting to fix
+    try:
+        code: int = args.bridge.run(args, settings)
+    except KafkaAccessError as exc:  # refused credentials or certificate: one line, exit 2
+        print(f"connectors: {exc}", file=sys.stderr)
+        return 2
     return code
 
 

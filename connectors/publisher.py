@@ -15,6 +15,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from streams.config import RAW_RECORD_FRAMING_BYTES
+from streams.kafka_settings import KafkaAccessError, KafkaSettings, check_access
 from streams.producer_errors import RENEW_ON
 from streams.topics import RAW_MAX_MESSAGE_BYTES
 
@@ -28,6 +29,13 @@ RAW_RECORD_MAX_BYTES = RAW_MAX_MESSAGE_BYTES - RAW_RECORD_FRAMING_BYTES
 """Value + header bytes of the largest raw record a bridge writes: what the raw topic takes,
 less Kafka's framing. The webhook's limits keep it there by configuration; a pulled message
 larger than this (a Pub/Sub message may carry 10 MB) is refused before it is sent."""
+
+
+HEALTH_WINDOW_S = 3.0
+"""`kafka_ok()` is true while Kafka acknowledged a write or answered a metadata request
+within this long."""
+PROBE_EVERY_S = 1.0
+"""Without a write acknowledged meanwhile, ask Kafka for metadata this often."""
 
 
 class PublishFailed(Exception):
@@ -94,12 +102,12 @@ class KeylessSticky:
         return choices[self._turn % len(choices)]
 
 
-def producer_settings(bootstrap_servers: str, timeout_s: float) -> dict[str, Any]:
+def producer_settings(kafka: KafkaSettings | str, timeout_s: float) -> dict[str, Any]:
     """The bridges' producer: idempotent, acks=all, records as large as the raw topic allows,
     a request timeout as long as a delivery may wait (benchmarks.webhook builds its bare
-    handler's producer from this too)."""
+    handler's producer from this too); connected as `kafka` says (TLS, SASL)."""
     return {
-        "bootstrap_servers": bootstrap_servers,
+        **KafkaSettings.of(kafka).aiokafka_args(),
         "client_id": "storage-events-bridge",
         "acks": "all",
         "max_request_size": RAW_MAX_MESSAGE_BYTES,
@@ -118,30 +126,75 @@ def _retrieve_exception(future: asyncio.Future[object]) -> None:
 class RawPublisher:
     """An idempotent producer (acks=all) whose `publish` returns only once Kafka has the record."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, timeout_s: float) -> None:
+    def __init__(self, kafka: KafkaSettings | str, topic: str, timeout_s: float) -> None:
         self.topic = topic
         self.timeout_s = timeout_s
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = KafkaSettings.of(kafka)
+        self.bootstrap_servers = self.kafka.bootstrap_servers
         self._producer: AIOKafkaProducer | None = None
         self._renewal: asyncio.Task[None] | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._answered_at: float | None = None
+        """When Kafka last acknowledged a write or answered a metadata request (monotonic)."""
+
+    def kafka_ok(self, now: float | None = None) -> bool:
+        """Whether Kafka answered this producer within HEALTH_WINDOW_S: what `/healthz` says,
+        now (not whether it connected once)."""
+        now = time.monotonic() if now is None else now
+        return self._answered_at is not None and now - self._answered_at < HEALTH_WINDOW_S
+
+    async def _probe_kafka(self) -> None:
+        """Every PROBE_EVERY_S without an acknowledged write, refresh the producer's metadata
+        (one small request to a broker); a success counts as an answer from Kafka."""
+        while True:
+            await asyncio.sleep(PROBE_EVERY_S)
+            producer = self._producer
+            if producer is None:
+                continue
+            if self._answered_at is not None and (
+                time.monotonic() - self._answered_at < PROBE_EVERY_S
+            ):
+                continue
+            try:
+                async with asyncio.timeout(HEALTH_WINDOW_S):
+                    answered = await producer.client.force_metadata_update()
+            except (KafkaError, TimeoutError, OSError):
+                answered = False
+            if answered:
+                self._answered_at = time.monotonic()
 
     async def start(self) -> None:
-        """Connect, retrying while Kafka is unreachable."""
+        """Connect, retrying while Kafka is unreachable; raise KafkaAccessError (one line
+        naming the setting) when it refuses the credentials or its certificate is not
+        trusted: waiting would not change that."""
+        problem = await check_access(self.kafka)  # before the producer logs its own lines
+        if problem is not None and problem[1]:
+            raise KafkaAccessError(problem[0])
         delay = 0.5
         while True:
             # aiokafka binds a producer to the running loop: make it here, not in __init__.
-            self._producer = AIOKafkaProducer(
-                **producer_settings(self.bootstrap_servers, self.timeout_s)
-            )
+            self._producer = AIOKafkaProducer(**producer_settings(self.kafka, self.timeout_s))
             try:
                 await self._producer.start()
-                return
             except KafkaError as exc:
-                log.warning("bridge cannot reach Kafka (%r); retrying in %.1f s", exc, delay)
+                with contextlib.suppress(Exception):  # it never connected: nothing to flush
+                    await self._producer.stop()
+                problem = await check_access(self.kafka)
+                if problem is not None and problem[1]:
+                    raise KafkaAccessError(problem[0]) from None
+                why = problem[0] if problem is not None else repr(exc)
+                log.warning("bridge cannot reach Kafka (%s); retrying in %.1f s", why, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            self._answered_at = time.monotonic()
+            if self._probe is None or self._probe.done():
+                self._probe = asyncio.get_running_loop().create_task(self._probe_kafka())
+            return
 
     async def stop(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
         if self._renewal is not None:
             self._renewal.cancel()
         if self._producer is not None:
@@ -169,6 +222,7 @@ class RawPublisher:
             future.add_done_callback(_retrieve_exception)
             async with asyncio.timeout(self.timeout_s):
                 await asyncio.shield(future)
+            self._answered_at = time.monotonic()
         except (KafkaError, TimeoutError) as exc:
             if isinstance(exc, RENEW_ON):
                 self._renew_in_background()

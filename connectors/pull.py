@@ -1,7 +1,8 @@
 """The pull-bridge loop, shared by queue bridges: receive, publish, delete only what Kafka holds.
 
-A pull bridge reads a provider queue (SQS; an Azure Storage Queue or a Pub/Sub subscription
-fits the same shape) and publishes every message's bytes, exactly as received, to a raw
+A pull bridge reads a provider queue (an SQS queue, an Azure Storage Queue, a Pub/Sub
+subscription: `connectors.sqs`, `connectors.azure_queue`, `connectors.pubsub`, each a
+`PullQueue`) and publishes every message's bytes, exactly as received, to a raw
 topic. The rule it exists for: **a message is deleted from its queue only after Kafka
 acknowledged its write.** A message whose publish failed is left alone; the queue delivers it
 again once its visibility timeout (lease) runs out, and the stream drops any copy by event id.
@@ -27,13 +28,16 @@ what Kafka acknowledged; then `run` returns.
 
 A `FatalQueueError` (the queue does not exist, credentials missing or rejected, access
 denied) ends the loop the same way and is raised: the command prints it as one line and
-exits non-zero.
+exits with `EXIT_FATAL` (2), whichever the bridge.
 
-Metrics (Prometheus, labels `bridge`, `queue`): `bridge_pull_received_total`,
-`bridge_pull_published_total` (Kafka acknowledged), `bridge_pull_deleted_total`,
-`bridge_pull_publish_failures_total` (left in the queue), `bridge_pull_delete_failures_total`,
-`bridge_pull_receive_errors_total`, `bridge_pull_released_total` (handed back at shutdown),
-and the gauge `bridge_pull_in_flight`.
+Metrics, the same family for every pull bridge (Prometheus, labels `bridge` = `sqs`,
+`azure-queue` or `pubsub`, and `queue` = the queue's or subscription's name):
+`bridge_pull_received_total`, `bridge_pull_published_total` (Kafka acknowledged),
+`bridge_pull_deleted_total` (deleted or acked after that), `bridge_pull_publish_failures_total`
+(left in the queue), `bridge_pull_delete_failures_total`, `bridge_pull_receive_errors_total`,
+`bridge_pull_released_total` (handed back at shutdown), the gauge `bridge_pull_in_flight`, and
+the histogram `bridge_pull_publish_seconds` (from receiving a message to Kafka's
+acknowledgement).
 """
 
 from __future__ import annotations
@@ -41,14 +45,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import signal
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from connectors.publisher import PublishFailed, RawPublisher, raw_headers
 
@@ -73,8 +79,15 @@ DELETE_FAILURES = Counter(
 RECEIVE_ERRORS = Counter("bridge_pull_receive_errors", "Failed receive calls", _LABELS)
 RELEASED = Counter("bridge_pull_released", "Messages handed back unpublished at shutdown", _LABELS)
 IN_FLIGHT = Gauge("bridge_pull_in_flight", "Messages received and not yet settled", _LABELS)
+PUBLISH_SECONDS = Histogram(
+    "bridge_pull_publish_seconds",
+    "From receiving a message to Kafka's acknowledgement of its record",
+    _LABELS,
+)
 
 DELETE_ATTEMPTS = 3
+EXIT_FATAL = 2
+"""Exit code of a pull bridge whose queue cannot be used (missing, credentials refused)."""
 
 
 class QueueError(Exception):
@@ -180,6 +193,7 @@ class PullBridge:
             RECEIVE_ERRORS,
             RELEASED,
             IN_FLIGHT,
+            PUBLISH_SECONDS,
         ):
             metric.labels(**self._labels)  # every series exists from the start, at 0
         self._in_flight = 0
@@ -264,17 +278,27 @@ class PullBridge:
     async def _settle(self, messages: list[Pulled]) -> None:
         """Publish the batch, then delete exactly the messages Kafka acknowledged."""
         try:
-            outcomes = await asyncio.gather(*(self._publish(message) for message in messages))
-            acknowledged = [message for message, ok in zip(messages, outcomes, strict=True) if ok]
-            failed = len(messages) - len(acknowledged)
+            errors = await asyncio.gather(*(self._publish(message) for message in messages))
+            acknowledged = [
+                message for message, error in zip(messages, errors, strict=True) if error is None
+            ]
+            failed = [
+                (message.delivery_id, error)
+                for message, error in zip(messages, errors, strict=True)
+                if error is not None
+            ]
             if failed:
                 self._kafka_failing = True
+                shown = ", ".join(delivery_id for delivery_id, _ in failed[:5])
                 log.warning(
-                    "%d of %d messages from %s not acknowledged by Kafka; left in the queue "
-                    "for redelivery",
-                    failed,
+                    "%d of %d messages from %s not acknowledged by Kafka (%s); left in the "
+                    "queue for redelivery: message %s%s",
+                    len(failed),
                     len(messages),
                     self.queue.name,
+                    failed[0][1],
+                    shown,
+                    f" and {len(failed) - 5} more" if len(failed) > 5 else "",
                 )
             else:
                 if self._kafka_failing:
@@ -290,7 +314,9 @@ class PullBridge:
             IN_FLIGHT.labels(**self._labels).dec(len(messages))
             self._settled.set()
 
-    async def _publish(self, message: Pulled) -> bool:
+    async def _publish(self, message: Pulled) -> str | None:
+        """Publish one message; None once Kafka acknowledged it, else what went wrong."""
+        received = time.monotonic()
         headers = raw_headers(
             self.source,
             self.transport,
@@ -301,14 +327,14 @@ class PullBridge:
             await self.publisher.publish(message.body, headers)
         except PublishFailed as exc:
             PUBLISH_FAILURES.labels(**self._labels).inc()
-            log.debug("message %s not acknowledged: %s", message.delivery_id, exc)
-            return False
-        except Exception:
+            return str(exc)
+        except Exception as exc:
             PUBLISH_FAILURES.labels(**self._labels).inc()
             log.exception("publishing message %s failed", message.delivery_id)
-            return False
+            return repr(exc)
         PUBLISHED.labels(**self._labels).inc()
-        return True
+        PUBLISH_SECONDS.labels(**self._labels).observe(time.monotonic() - received)
+        return None
 
     async def _delete(self, acknowledged: list[Pulled]) -> None:
         """Delete messages Kafka holds; retry the call a few times, never more than these."""
@@ -354,9 +380,9 @@ async def start_publisher(publisher: RawPublisher, stop: asyncio.Event) -> bool:
 
 
 def fail(bridge: str, message: str) -> int:
-    """Print the one-line error a bridge exits with; the exit code."""
+    """Print the one-line error a bridge exits with; the exit code (EXIT_FATAL)."""
     print(f"connectors {bridge}: {message}", file=sys.stderr)
-    return 1
+    return EXIT_FATAL
 
 
 async def serve(
@@ -370,7 +396,7 @@ async def serve(
     """Run one pull bridge as a command; the exit code.
 
     Checks the queue first (a missing queue or bad credentials fail fast, whether Kafka is up
-    or not: one line on stderr, exit 1), then connects to Kafka (retrying while it is
+    or not: one line on stderr, exit 2), then connects to Kafka (retrying while it is
     unreachable), then loops until SIGINT or SIGTERM (exit 0 once the batches in flight are
     settled). `bridge.publisher` must be `publisher`.
     """
@@ -393,7 +419,15 @@ async def serve(
             if stop.is_set():
                 return 0
     if metrics_port is not None:
-        start_http_server(metrics_port, addr=metrics_host)
+        try:
+            start_http_server(metrics_port, addr=metrics_host)
+        except OSError as exc:
+            reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+            return fail(
+                bridge_name,
+                f"cannot serve metrics on {metrics_host}:{metrics_port} ({reason}); set "
+                "--metrics-port to a free port",
+            )
     if not await start_publisher(publisher, stop):
         return 0
     log.info(

@@ -65,6 +65,7 @@ from connectors.command import raw_topic as command_raw_topic
 from connectors.publisher import PublishFailed, RawPublisher, raw_headers
 from streams.config import ConfigError, InstanceConfig, Settings
 from streams.event import FileEvent, format_time
+from streams.kafka_settings import KafkaSettings, check_access
 from streams.normalizers.base import MalformedDelivery, parse_time, strip_quotes
 from streams.normalizers.reconcile import SOURCE, reconcile_id
 from streams.rules import Filtered, apply_instance
@@ -249,13 +250,20 @@ def last_events(values: Iterable[bytes | None], bucket: str) -> dict[str, Known]
     return known
 
 
-async def read_output(bootstrap: str, topic: str, timeout_s: float) -> list[bytes | None]:
+async def read_output(
+    kafka: KafkaSettings | str, topic: str, timeout_s: float
+) -> list[bytes | None]:
     """Every committed value of `topic`, per partition in offset order, up to its end offsets."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.errors import KafkaError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="storage-events-reconcile")
+    kafka = KafkaSettings.of(kafka)
+    bootstrap = kafka.bootstrap_servers
+    problem = await check_access(kafka, timeout_s)
+    if problem is not None:  # a refused password or certificate: one line naming the setting
+        raise ReconcileError(problem[0])
+    admin = AIOKafkaAdminClient(**kafka.aiokafka_args(), client_id="storage-events-reconcile")
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
         if topic not in await admin.list_topics():  # all topics: creates none
@@ -270,7 +278,7 @@ async def read_output(bootstrap: str, topic: str, timeout_s: float) -> list[byte
         await admin.close()
 
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
+        **kafka.aiokafka_args(),
         group_id=None,
         enable_auto_commit=False,
         isolation_level="read_committed",
@@ -381,7 +389,6 @@ def reconcile(args: argparse.Namespace, settings: Settings) -> int:
             f"instance {instance.name!r} takes every bucket; name the one to list with --bucket"
         )
     raw_topic = command_raw_topic(args, settings)
-    bootstrap = settings.kafka.bootstrap_servers
     if instance.reconciled_source is None:
         print(
             f"connectors reconcile: instance {instance.name!r} names no single provider in "
@@ -394,14 +401,14 @@ def reconcile(args: argparse.Namespace, settings: Settings) -> int:
     observed_at = datetime.now(UTC)
     client = s3_client(args.endpoint_url, args.region)
     listing = list(list_bucket(client, bucket, instance.prefix))
-    values = asyncio.run(read_output(bootstrap, instance.output_topic, args.read_timeout))
+    values = asyncio.run(read_output(settings.kafka, instance.output_topic, args.read_timeout))
     result = plan(listing, last_events(values, bucket), instance, bucket, observed_at)
 
     for drift in result.drifts:
         print(f"{drift.type} {drift.key} ({drift.reason})")
     published = 0
     if result.drifts and not args.dry_run:
-        publisher = RawPublisher(bootstrap, raw_topic, args.publish_timeout)
+        publisher = RawPublisher(settings.kafka, raw_topic, args.publish_timeout)
         published = asyncio.run(publish_all(publisher, result.drifts, args.read_timeout))
     print(
         f"reconcile instance={instance.name} bucket={bucket} listed={result.listed} "

@@ -21,13 +21,14 @@ Options: `--endpoint-url` (moto, LocalStack, MinIO; else boto3's own resolution,
 `AWS_ENDPOINT_URL_SQS`), `--region` (else the region in an AWS queue URL, else the usual
 chain), `--max-in-flight` (default 100), `--wait-time` (seconds, 0-20), `--raw-topic` (default:
 the first of `[stream] raw_topics`), `--publish-timeout` (seconds, default 10),
-`--metrics-port` and `--metrics-host` (Prometheus `/metrics`, default host 127.0.0.1; metric
-names in `connectors.pull`).
+`--metrics-port` and `--metrics-host` (Prometheus `/metrics`, default host 127.0.0.1; the pull
+bridges' family `bridge_pull_*{bridge="sqs",queue=NAME}`, names in `connectors.pull`).
 Credentials: the usual AWS chain (environment, shared files, SSO, instance/task roles).
 
 Exit codes: 0 after SIGINT/SIGTERM (the batches in flight are settled first; a long poll in
-progress ends within `--wait-time`, and what it brings is handed back to the queue), 1 with
-one line on stderr when the queue does not exist or the credentials are missing or refused.
+progress ends within `--wait-time`, and what it brings is handed back to the queue), 2 with
+one line on stderr when the queue does not exist or the credentials are missing or refused
+(`connectors.pull.EXIT_FATAL`, the same for every pull bridge).
 """
 
 from __future__ import annotations
@@ -285,7 +286,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     raw_topic = command_raw_topic(args, settings)
     client = make_client(args.queue_url, args.endpoint_url, args.region, args.wait_time)
     queue = SqsQueue(client, args.queue_url, args.wait_time, args.publish_timeout)
-    publisher = RawPublisher(settings.kafka.bootstrap_servers, raw_topic, args.publish_timeout)
+    publisher = RawPublisher(settings.kafka, raw_topic, args.publish_timeout)
 
     async def main() -> int:
         bridge = PullBridge(

@@ -108,7 +108,7 @@ forged, unsigned, truncated or wrong-algorithm signature, replayed (outside the 
 Appwrite body seen with another event header, or an SNS topic not allowed; 400 a request
 aiohttp cannot parse (including more than 64 header lines or a line over 8,190 bytes), a
 body cut off, an unreadable delivery, or a malformed Azure handshake; 403 a refused Azure
-origin; 404 route off (and `/healthz`, `/metrics` when `webhook.admin_port` is set); 405
+origin; 404 route off (and `/healthz`, `/ready`, `/metrics` when `webhook.admin_port` is set); 405
 method; 408 body not received whole within `webhook.body_timeout_s` (15 s); 413 body over
 `webhook.max_body_bytes` (default 1 MiB), or too large for a Kafka record (a retry could never
 succeed); 431 headers over `webhook.max_header_bytes` (64 KiB); 503 (with Retry-After) the
@@ -137,7 +137,10 @@ Published record: value = the body as received; headers per the raw-topic contra
 and not logged: the access log writes the path and the query's parameter names only
 (`/hooks/azure?code=***`).
 
-    GET /healthz   200 while the bridge runs (`kafka`: whether the producer is connected)
+    GET /healthz   200 while the bridge runs (liveness); `kafka`: whether Kafka acknowledged
+                   a write or answered the producer's metadata request within the last
+                   3 s (connectors.publisher.HEALTH_WINDOW_S), i.e. now
+    GET /ready     readiness: 200 while `kafka` is true, else 503
     GET /metrics   Prometheus: bridge_webhook_accepted, bridge_webhook_rejected{reason},
                    bridge_webhook_handshakes{kind}, bridge_webhook_publish_seconds,
                    bridge_webhook_connections, bridge_webhook_bodies_held_bytes
@@ -197,6 +200,7 @@ from connectors.publisher import (
 from connectors.webhook_auth import Authenticator, RequestFacts, Services, build_authenticator
 from connectors.webhook_auth.base import PUBLISH, REJECT, ChecksBeforeBody, Verdict
 from streams.config import ConfigError, Settings, WebhookConfig, WebhookRouteConfig
+from streams.kafka_settings import KafkaAccessError, check_access
 from streams.normalizers import SOURCES
 
 # Reconcile deliveries come from our own command, which publishes to Kafka directly.
@@ -486,7 +490,16 @@ async def _publish(
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True, "kafka": request.app[READY_KEY].is_set()})
+    """Liveness: 200 while the bridge serves. `kafka`: whether Kafka acknowledged a write or
+    answered a metadata request within the last few seconds (now, not at start)."""
+    return web.json_response({"ok": True, "kafka": request.app[PUBLISHER_KEY].kafka_ok()})
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Readiness: 200 while Kafka answers (as `/healthz`'s `kafka`), else 503: a bridge that
+    cannot store deliveries would only answer them 503."""
+    kafka = request.app[PUBLISHER_KEY].kafka_ok()
+    return web.json_response({"ready": kafka, "kafka": kafka}, status=200 if kafka else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -501,7 +514,7 @@ def create_app(
 ) -> web.Application:
     """The bridge's aiohttp application; `services` (clock, outbound HTTP) for tests.
 
-    With `webhook.admin_port` set, `/healthz` and `/metrics` are not on it (404) but on
+    With `webhook.admin_port` set, `/healthz`, `/ready` and `/metrics` are not on it (404) but on
     `create_admin_app(app)`."""
     services = services or Services()
     config = settings.webhook
@@ -544,15 +557,18 @@ def create_app(
         app.router.add_route(method, "/hooks/{source}", receive)
     if config.admin_port is None:
         app.router.add_get("/healthz", healthz)
+        app.router.add_get("/ready", ready)
         app.router.add_get("/metrics", metrics)
     return app
 
 
 def create_admin_app(app: web.Application) -> web.Application:
-    """`/healthz` and `/metrics` of the bridge `app`, for `webhook.admin_port`."""
+    """`/healthz`, `/ready` and `/metrics` of the bridge `app`, for `webhook.admin_port`."""
     admin = web.Application()
     admin[READY_KEY] = app[READY_KEY]
+    admin[PUBLISHER_KEY] = app[PUBLISHER_KEY]
     admin.router.add_get("/healthz", healthz)
+    admin.router.add_get("/ready", ready)
     admin.router.add_get("/metrics", metrics)
     return admin
 
@@ -593,6 +609,15 @@ class RunningBridge:
             await runner.cleanup()
 
 
+class PortTaken(Exception):
+    """A port the bridge must listen on cannot be bound (in use, not allowed): one line
+    naming the setting that chose it."""
+
+    def __init__(self, setting: str, host: str, port: int, error: OSError) -> None:
+        reason = os.strerror(error.errno).lower() if error.errno else str(error)
+        super().__init__(f"cannot listen on {host}:{port} ({reason}); set {setting} to a free port")
+
+
 async def start_bridge(
     settings: Settings,
     publisher: RawPublisher,
@@ -616,7 +641,10 @@ async def start_bridge(
     )
     bridge = RunningBridge(public, [runner])
     try:
-        await public.start()
+        try:
+            await public.start()
+        except OSError as exc:
+            raise PortTaken("WEBHOOK_PORT (webhook.port)", config.host, public.port, exc) from None
         if config.admin_port is not None:
             admin_runner = web.AppRunner(
                 create_admin_app(app), access_log_class=RedactedAccessLogger
@@ -628,7 +656,15 @@ async def start_bridge(
                 config.admin_host or config.host,
                 config.admin_port if admin_port is None else admin_port,
             )
-            await bridge.admin.start()
+            try:
+                await bridge.admin.start()
+            except OSError as exc:
+                raise PortTaken(
+                    "WEBHOOK_ADMIN_PORT (webhook.admin_port)",
+                    config.admin_host or config.host,
+                    config.admin_port if admin_port is None else admin_port,
+                    exc,
+                ) from None
     except BaseException:
         await bridge.stop()
         raise
@@ -637,9 +673,12 @@ async def start_bridge(
 
 async def _serve(settings: Settings) -> None:
     config = settings.webhook
-    publisher = RawPublisher(
-        settings.kafka.bootstrap_servers, config.raw_topic, config.publish_timeout_s
-    )
+    # Refused credentials or an untrusted certificate stop the bridge with one line naming
+    # the setting; an unreachable Kafka does not (deliveries get 503 until it answers).
+    problem = await check_access(settings.kafka)
+    if problem is not None and problem[1]:
+        raise KafkaAccessError(problem[0])
+    publisher = RawPublisher(settings.kafka, config.raw_topic, config.publish_timeout_s)
     bridge = await start_bridge(settings, publisher)
     on: dict[str, Route] = bridge.runners[0].app[ROUTES_KEY]
     routes = sorted(on)
@@ -675,7 +714,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace, settings: Settings) -> int:
     try:
         serve(settings)
-    except ConfigError as exc:
+    except (ConfigError, PortTaken) as exc:
         print(f"connectors: {exc}", file=sys.stderr)
         return 2
     return 0

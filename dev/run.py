@@ -6,13 +6,18 @@
 4. the webhook bridge, `python -m connectors webhook`, with the `s3` route open without
    authentication (local development only; it says so in its log).
 
-Logs of the worker and the bridge go to ~/.cache/storage-events/run/.
+Logs of the worker and the bridge go to ~/.cache/storage-events/run/. The worker's state
+(STREAMS_DATA_DIR, unless set) lives with the broker: `worker-state` in the local broker's state
+directory, so that another broker never meets this one's state (the worker would discard it
+anyway, streams/binding.py, at the cost of a restore); against KAFKA_BOOTSTRAP_SERVERS, in
+~/.cache/storage-events/run/worker-state.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -26,6 +31,42 @@ RUN_DIR = Path.home() / ".cache" / "storage-events" / "run"
 LOCAL_KAFKA = ROOT / "dev" / "kafka" / "localkafka.py"
 WEBHOOK_PORT = os.environ.get("WEBHOOK_PORT", "8080")
 WORKER_WEB_PORT = os.environ.get("STREAMS_WEB_PORT", "6066")
+
+
+def local_broker_dir() -> Path:
+    """The state directory of the local broker localkafka.py starts in this environment."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        from dev.kafka.localkafka import Layout
+    finally:
+        sys.path.remove(str(ROOT))
+    return Layout.from_env().root
+
+
+def local_client_settings() -> dict[str, str]:
+    """The KAFKA_* settings of the local broker's client.env (its security: the worker and the
+    bridge connect as `make tail` does), empty when it wrote none."""
+    try:
+        text = (local_broker_dir() / "client.env").read_text()
+    except FileNotFoundError:
+        return {}
+    settings = {}
+    for line in text.splitlines():
+        name, separator, value = line.partition("=")
+        if separator and name.startswith("KAFKA_") and not line.startswith("#"):
+            settings[name] = " ".join(shlex.split(value))
+    return settings
+
+
+def tail_command(environ: dict[str, str]) -> str:
+    """`make tail` as typed in another terminal to follow this run's broker: with the
+    settings that moved it (they may have been given to `make run` alone)."""
+    if environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        moved = ["KAFKA_BOOTSTRAP_SERVERS"]
+    else:
+        moved = ["LOCAL_KAFKA_DIR", "LOCAL_KAFKA_PORT"]
+    given = [f"{name}={shlex.quote(environ[name])}" for name in moved if environ.get(name)]
+    return " ".join([*given, "make tail"])
 
 
 def say(message: str) -> None:
@@ -100,6 +141,9 @@ def main() -> int:
                 return started.returncode
             started_broker = status.returncode != 0
             env["KAFKA_BOOTSTRAP_SERVERS"] = started.stdout.strip().splitlines()[-1]
+            env.setdefault("STREAMS_DATA_DIR", str(local_broker_dir() / "worker-state"))
+            for name, value in local_client_settings().items():
+                env.setdefault(name, value)
         bootstrap = env["KAFKA_BOOTSTRAP_SERVERS"]
         say(f"Kafka at {bootstrap}")
         subprocess.run(
@@ -133,7 +177,7 @@ Send a test S3 notification (key "photos/red+flower.jpg", form-encoded):
 
 Watch the canonical events of the default instance, in another terminal:
 
-    make tail
+    {tail_command(dict(os.environ))}
 
 Ctrl-C here stops the bridge, the worker{" and the broker" if started_broker else ""}.
 """,

@@ -14,10 +14,12 @@ See fileevents/README.md for the guarantees and examples/ for runnable programs.
 from fileevents.app import FileEvents, default_topic
 from fileevents.context import EventContext
 from fileevents.dedupe import DedupeStore, MemoryDedupeStore, RedisDedupeStore
-from fileevents.errors import EventDecodeError, Failure, OnError, log_failure
+from fileevents.errors import EventDecodeError, Failure, HandlerTimeout, OnError, log_failure
+from fileevents.metrics import FileEventsMetrics
 from fileevents.processing import Outcome
 from fileevents.retry import RetryPolicy
 from streams.event import FileEvent
+from streams.kafka_settings import KafkaAccessError, KafkaSettings
 
 __all__ = [
     "DedupeStore",
@@ -26,6 +28,10 @@ __all__ = [
     "Failure",
     "FileEvent",
     "FileEvents",
+    "FileEventsMetrics",
+    "HandlerTimeout",
+    "KafkaAccessError",
+    "KafkaSettings",
     "MemoryDedupeStore",
     "OnError",
     "Outcome",

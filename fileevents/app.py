@@ -25,10 +25,12 @@ from fileevents.codec import UnreadableRecord
 from fileevents.deadletter import DeadLetterWriter, describe
 from fileevents.dedupe import DedupeStore
 from fileevents.errors import OnError, log_failure
+from fileevents.metrics import FileEventsMetrics, serve
 from fileevents.partition import PartitionWorker
 from fileevents.processing import EventProcessor, Outcome
-from fileevents.registry import H, Registry, Selector
+from fileevents.registry import H, Registry, Selector, check_timeout
 from fileevents.retry import RetryPolicy
+from streams.kafka_settings import KafkaAccessError, KafkaSettings, check_access
 
 logger = logging.getLogger("fileevents")
 
@@ -37,10 +39,38 @@ _FIXED_CONSUMER_SETTINGS = frozenset(
 )
 _FIXED_PRODUCER_SETTINGS = frozenset({"bootstrap_servers", "acks", "enable_idempotence"})
 _FETCH_TIMEOUT_MS = 200
+MISSING_TOPIC_EVERY_S = 5.0
+"""While the topic does not exist: one log line naming it this often (checked every second)."""
 _CAREFUL_FETCH_TIMEOUT_MS = 1000
 _UNREADABLE = (CorruptRecordException, UnicodeDecodeError)
 """What `getmany` raises for a record it cannot parse: aiokafka's Python record reader wraps
 the cause in `CorruptRecordException`, its C reader lets a `UnicodeDecodeError` out."""
+
+
+DEFAULT_HANDLER_TIMEOUT = timedelta(seconds=60)
+"""How long one handler run may take unless said otherwise: well under the consumer's
+`max_poll_interval_ms` (300 s), past which the group would evict this member."""
+
+
+def _connection(
+    bootstrap_servers: str | list[str] | None, kafka: KafkaSettings | None
+) -> KafkaSettings:
+    """`kafka`, else the `KAFKA_*` environment variables with `bootstrap_servers` winning."""
+    import os
+
+    servers = (
+        ",".join(bootstrap_servers) if isinstance(bootstrap_servers, list) else bootstrap_servers
+    )
+    if kafka is not None:
+        if servers is not None and servers != kafka.bootstrap_servers:
+            raise ValueError("FileEvents: give bootstrap_servers or kafka, not both")
+        return kafka
+    if servers is None and not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        raise ValueError(
+            "FileEvents needs bootstrap_servers, kafka=KafkaSettings(...), or the environment "
+            "variable KAFKA_BOOTSTRAP_SERVERS"
+        )
+    return KafkaSettings.from_environ(bootstrap_servers=servers)
 
 
 def default_topic(instance: str) -> str:
@@ -51,21 +81,32 @@ def default_topic(instance: str) -> str:
 class FileEvents:
     """Register handlers with `on`, then `await run()`.
 
-    `bootstrap_servers`, `group_id` and `instance` (or an explicit `topic`) are required.
+    `group_id` and `instance` (or an explicit `topic`) are required, and where Kafka is:
+    `kafka=KafkaSettings(...)` (streams.kafka_settings: address, TLS, SASL), or
+    `bootstrap_servers` with TLS and SASL from the `KAFKA_*` environment variables the rest
+    of the product reads (`KAFKA_SECURITY_PROTOCOL`, `KAFKA_SASL_USERNAME`, ...), or those
+    variables alone (`KAFKA_BOOTSTRAP_SERVERS`). Refused credentials or an untrusted
+    certificate make `run()` raise `KafkaAccessError`, one line naming the setting.
     `dedupe`: an optional `DedupeStore`, ids kept for `dedupe_ttl`. `on_error`: called for
     every failure (default: log it). `retry`: attempts and backoff before an event is
     dead-lettered to `dead_letter_topic` (default `<topic>.dead-letter`). `commit_interval`:
     the shortest time between two offset commits. `max_buffered`: records fetched ahead per
-    partition before fetching it pauses. `consumer_config` / `producer_config`: more
-    aiokafka settings (security, `group_instance_id`, timeouts); the ones the guarantees
-    rest on (auto commit off, `read_committed`, `acks=all`, idempotence) cannot be changed.
+    partition before fetching it pauses. `handler_timeout`: how long one handler run may
+    take before it is cancelled and counts as failed (None: no limit; `on(..., timeout=)`
+    sets it per handler). `metrics`: the Prometheus collector the counts go to (default: a
+    new one, `self.metrics`); `metrics_port`: serve it on `metrics_host:metrics_port` at
+    `/metrics` while `run()` runs. `consumer_config` / `producer_config`: more
+    aiokafka settings (`group_instance_id`, timeouts; they win over `kafka`'s); the ones the
+    guarantees rest on (auto commit off, `read_committed`, `acks=all`, idempotence) cannot
+    be changed.
     """
 
     def __init__(
         self,
         *,
-        bootstrap_servers: str | list[str],
+        bootstrap_servers: str | list[str] | None = None,
         group_id: str,
+        kafka: KafkaSettings | None = None,
         instance: str | None = None,
         topic: str | None = None,
         dedupe: DedupeStore | None = None,
@@ -75,6 +116,10 @@ class FileEvents:
         dead_letter_topic: str | None = None,
         commit_interval: timedelta = timedelta(seconds=1),
         max_buffered: int = 1000,
+        handler_timeout: timedelta | None = DEFAULT_HANDLER_TIMEOUT,
+        metrics: FileEventsMetrics | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
         handle_signals: bool = True,
         consumer_config: Mapping[str, Any] | None = None,
         producer_config: Mapping[str, Any] | None = None,
@@ -89,6 +134,9 @@ class FileEvents:
             raise ValueError("dedupe_ttl must be positive")
         if max_buffered < 1:
             raise ValueError("max_buffered must be at least 1")
+        check_timeout("handler_timeout", handler_timeout)
+        if metrics_port is not None and not 0 <= metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be a TCP port (0-65535), got {metrics_port}")
         for given, fixed in (
             (consumer_config, _FIXED_CONSUMER_SETTINGS),
             (producer_config, _FIXED_PRODUCER_SETTINGS),
@@ -96,7 +144,9 @@ class FileEvents:
             clash = sorted(fixed & set(given or {}))
             if clash:
                 raise ValueError(f"these settings are fixed by FileEvents: {', '.join(clash)}")
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = _connection(bootstrap_servers, kafka)
+        """How both clients connect (address, TLS, SASL)."""
+        self.bootstrap_servers = self.kafka.bootstrap_servers
         self.group_id = group_id
         self.topic = topic
         self.dead_letter_topic = dead_letter_topic or f"{topic}.dead-letter"
@@ -106,6 +156,11 @@ class FileEvents:
         self.retry = retry or RetryPolicy()
         self.commit_interval = commit_interval
         self.max_buffered = max_buffered
+        self.handler_timeout = handler_timeout
+        self.metrics = metrics or FileEventsMetrics()
+        """The Prometheus collector of this consumer (see fileevents/metrics.py)."""
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
         self.handle_signals = handle_signals
         self.consumer_config = dict(consumer_config or {})
         self.producer_config = dict(producer_config or {})
@@ -126,20 +181,23 @@ class FileEvents:
 
     # -- registration -------------------------------------------------------------------
 
-    def on(self, selector: Selector = "*") -> Callable[[H], H]:
+    def on(self, selector: Selector = "*", *, timeout: timedelta | None = None) -> Callable[[H], H]:
         """Decorator: run the handler for events of type `selector` (`created`, `deleted`,
         or `*` for all). Handlers are `async def handler(event)` or
-        `async def handler(event, context)`; the context is an `EventContext`."""
+        `async def handler(event, context)`; the context is an `EventContext`.
+        `timeout`: how long one run may take (default: `handler_timeout`); past it the
+        handler is cancelled and the run counts as failed (retried, then dead-lettered)."""
+        check_timeout(f"on({selector!r}, timeout=...)", timeout)
 
         def register(handler: H) -> H:
-            self._registry.add(selector, handler)
+            self._registry.add(selector, handler, timeout)
             return handler
 
         return register
 
-    def add_handler(self, selector: Selector, handler: H) -> H:
+    def add_handler(self, selector: Selector, handler: H, *, timeout: timedelta | None = None) -> H:
         """`on` without the decorator."""
-        return self.on(selector)(handler)
+        return self.on(selector, timeout=timeout)(handler)
 
     @property
     def assignment(self) -> frozenset[TopicPartition]:
@@ -174,11 +232,22 @@ class FileEvents:
             self._stop_requested.clear()  # a later run() starts afresh
 
     async def _run(self) -> None:
+        if self.metrics_port is None:
+            await self._run_clients()
+            return
+        # First: a port in use stops run() before anything else is started.
+        exposition = await serve(self.metrics, self.metrics_host, self.metrics_port)
+        try:
+            await self._run_clients()
+        finally:
+            await exposition.cleanup()
+
+    async def _run_clients(self) -> None:
+        connection = self.kafka.aiokafka_args()
         producer = AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap_servers,
+            **{**connection, **self.producer_config},
             acks="all",
             enable_idempotence=True,
-            **self.producer_config,
         )
         settings: dict[str, Any] = {"auto_offset_reset": "earliest", **self.consumer_config}
         self._reset_earliest = settings["auto_offset_reset"] == "earliest"
@@ -186,11 +255,10 @@ class FileEvents:
         # events in progress) as long as a poll may take, not only a session timeout.
         settings.setdefault("rebalance_timeout_ms", settings.get("max_poll_interval_ms", 300_000))
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap_servers,
+            **{**connection, **settings},
             group_id=self.group_id,
             enable_auto_commit=False,
             isolation_level="read_committed",
-            **settings,
         )
         self._processor = EventProcessor(
             self._registry,
@@ -200,20 +268,51 @@ class FileEvents:
             self.on_error,
             self.dedupe,
             self.dedupe_ttl,
+            self.handler_timeout,
+            self.metrics,
+            self.topic,
         )
         try:
-            await producer.start()
-            await consumer.start()
+            try:
+                await producer.start()
+                await consumer.start()
+            except KafkaError:
+                problem = await check_access(self.kafka)
+                if problem is not None:  # refused: one line naming the setting to fix
+                    raise KafkaAccessError(problem[0]) from None
+                raise
             self._consumer = consumer
-            consumer.subscribe([self.topic], listener=_Listener(self))
-            logger.info("consuming %s as group %s", self.topic, self.group_id)
             with self._signals():
-                await self._consume(consumer)
+                if await self._topic_exists(consumer):
+                    consumer.subscribe([self.topic], listener=_Listener(self))
+                    logger.info("consuming %s as group %s", self.topic, self.group_id)
+                    await self._consume(consumer)
         finally:
             self._consumer = None
             await consumer.stop()  # leaves the group (unless static membership is used)
             await producer.stop()
             logger.info("stopped consuming %s as group %s", self.topic, self.group_id)
+
+    async def _topic_exists(self, consumer: AIOKafkaConsumer) -> bool:
+        """Wait for the topic to exist, saying so every MISSING_TOPIC_EVERY_S; False if asked
+        to stop meanwhile. Checked before subscribing: a subscription's metadata requests let
+        a broker with `auto.create.topics.enable` create it, without the stream's settings."""
+        loop = asyncio.get_running_loop()
+        said_at: float | None = None
+        while self.topic not in await consumer.topics():
+            if said_at is None or loop.time() - said_at >= MISSING_TOPIC_EVERY_S:
+                logger.warning(
+                    "topic %s does not exist: waiting for it (the stream creates "
+                    "files.events.<instance> for each instance in its config; "
+                    "`python -m streams topics` lists them)",
+                    self.topic,
+                )
+                said_at = loop.time()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop_requested.wait(), 1.0)
+            if self._stop_requested.is_set():
+                return False
+        return True
 
     async def _consume(self, consumer: AIOKafkaConsumer) -> None:
         committer = asyncio.create_task(self._commit_continuously(), name="fileevents:commit")
@@ -331,6 +430,7 @@ class FileEvents:
         assert self._processor is not None
         outcome = await self._processor.process(record, stopping)
         self.outcomes[outcome.value] += 1
+        self.metrics.records.labels(self.topic, self.group_id, outcome.value).inc()
         return outcome is not Outcome.INTERRUPTED
 
     def _mark_done(self, tp: TopicPartition, next_offset: int) -> None:

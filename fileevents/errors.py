@@ -23,6 +23,11 @@ class EventDecodeError(ValueError):
     """A record whose value is not a canonical event."""
 
 
+class HandlerTimeout(TimeoutError):
+    """A handler ran past its timeout and was cancelled: a failure like any other (retried,
+    then dead-lettered), so a hanging call cannot hold its partition up for good."""
+
+
 @dataclass(frozen=True)
 class Failure:
     """One failed attempt: a handler raised, or the library could not do its part."""

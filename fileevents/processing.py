@@ -10,12 +10,14 @@ import asyncio
 import enum
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import TypeVar
 
 from aiokafka.structs import ConsumerRecord
+from prometheus_client import Counter
 
 from fileevents.codec import UnreadableRecord, decode_record
 from fileevents.context import EventContext
@@ -27,9 +29,11 @@ from fileevents.errors import (
     DEDUPE,
     EventDecodeError,
     Failure,
+    HandlerTimeout,
     OnError,
     log_failure,
 )
+from fileevents.metrics import FileEventsMetrics
 from fileevents.registry import Registered, Registry
 from fileevents.retry import RetryPolicy
 from streams.event import FileEvent
@@ -73,8 +77,17 @@ class EventProcessor:
         on_error: OnError,
         dedupe: DedupeStore | None = None,
         dedupe_ttl: timedelta = timedelta(hours=24),
+        handler_timeout: timedelta | None = None,
+        metrics: FileEventsMetrics | None = None,
+        topic: str = "",
     ) -> None:
         self._registry = registry
+        self._handler_timeout = handler_timeout
+        self._metrics = metrics or FileEventsMetrics()
+        self._topic = topic
+        self._metrics.start_at_zero(
+            topic, group_id, registry.names(), [outcome.value for outcome in Outcome]
+        )
         self._group_id = group_id
         self._retry = retry
         self._dead_letters = dead_letters
@@ -112,6 +125,7 @@ class EventProcessor:
             malformed = exc if isinstance(exc, EventDecodeError) else _unreadable(exc)
             await self._report(Failure(None, context, DECODE, malformed, attempt=1, final=True))
             await self._dead_letter(record, None, context, DECODE, malformed, 1, stopping)
+            self._count(self._metrics.dead_lettered, DECODE)
             return Outcome.DEAD_LETTERED
 
         pending = self._registry.for_event(event)
@@ -138,7 +152,9 @@ class EventProcessor:
                 await self._dead_letter(
                     record, event, context, handler.name, error, attempt, stopping
                 )
+                self._count(self._metrics.dead_lettered, handler.name)
                 return Outcome.DEAD_LETTERED
+            self._count(self._metrics.retried, handler.name)
             await self._wait(self._retry.backoff(attempt), stopping)
             attempt += 1
 
@@ -154,29 +170,57 @@ class EventProcessor:
                 )
         return Outcome.HANDLED
 
-    @staticmethod
     async def _run(
-        pending: list[Registered], event: FileEvent, context: EventContext
+        self, pending: list[Registered], event: FileEvent, context: EventContext
     ) -> tuple[list[Registered], tuple[Registered, BaseException] | None]:
-        """Run `pending` in order; on a failure, the failing handler and those after it.
+        """Run `pending` in order; on a failure, the failing handler and those after it."""
+        for index, handler in enumerate(pending):
+            started = time.perf_counter()
+            error = await self._run_one(handler, event, context)
+            self._metrics.handler_seconds.labels(
+                self._topic, context.group_id, handler.name
+            ).observe(time.perf_counter() - started)
+            if error is not None:
+                self._count(self._metrics.failed, handler.name)
+                if isinstance(error, HandlerTimeout):
+                    self._count(self._metrics.timed_out, handler.name)
+                return pending[index:], (handler, error)
+            self._count(self._metrics.handled, handler.name)
+        return [], None
+
+    async def _run_one(
+        self, handler: Registered, event: FileEvent, context: EventContext
+    ) -> BaseException | None:
+        """Run one handler within its timeout; what it failed with, or None.
 
         A failure is anything a handler raises (`RecursionError`, a `BaseException` of a
-        test framework or a library, a `CancelledError` it did not get from us) except
-        what stops the process or the task: `KeyboardInterrupt`, `SystemExit`, and the
-        cancellation of the task running it."""
+        test framework or a library, a `CancelledError` it did not get from us), or running
+        past its timeout (`HandlerTimeout`; it is cancelled), except what stops the process
+        or the task: `KeyboardInterrupt`, `SystemExit`, and the cancellation of the task
+        running it."""
         task = asyncio.current_task()
-        for index, handler in enumerate(pending):
-            try:
+        limit = handler.timeout or self._handler_timeout
+        seconds = None if limit is None else limit.total_seconds()
+        scope = asyncio.timeout(seconds)
+        try:
+            async with scope:
                 await handler(event, context)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except asyncio.CancelledError as exc:
-                if task is None or task.cancelling():
-                    raise  # we are being cancelled: the event stays uncommitted
-                return pending[index:], (handler, exc)
-            except BaseException as exc:
-                return pending[index:], (handler, exc)
-        return [], None
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except asyncio.CancelledError as exc:
+            if task is None or task.cancelling():
+                raise  # we are being cancelled: the event stays uncommitted
+            return exc
+        except BaseException as exc:
+            if scope.expired():
+                return _timed_out(handler, seconds)
+            return exc
+        if scope.expired():  # it swallowed the cancellation, then returned: still too late
+            return _timed_out(handler, seconds)
+        return None
+
+    def _count(self, counter: Counter, handler: str) -> None:
+        counter.labels(self._topic, self._group_id, handler).inc()
 
     async def _dead_letter(
         self,
@@ -233,6 +277,10 @@ class EventProcessor:
         except Exception:
             logger.exception("on_error raised; the failure it was given follows")
             log_failure(failure)
+
+
+def _timed_out(handler: Registered, seconds: float | None) -> HandlerTimeout:
+    return HandlerTimeout(f"{handler.name} did not finish within {seconds:g} s: cancelled")
 
 
 def _unreadable(error: Exception) -> EventDecodeError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from fileevents.context import EventContext
@@ -29,6 +30,8 @@ class Registered:
     handler: Handler
     name: str
     wants_context: bool
+    timeout: timedelta | None = None
+    """How long one run may take before it is cancelled; None: the `FileEvents` default."""
 
     def matches(self, event: FileEvent) -> bool:
         return self.selector == "*" or self.selector == event.type
@@ -37,6 +40,16 @@ class Registered:
         if self.wants_context:
             return cast(ContextHandler, self.handler)(event, context)
         return cast(EventHandler, self.handler)(event)
+
+
+def check_timeout(where: str, timeout: timedelta | None) -> None:
+    """A timeout is a positive `timedelta` (or None): raise naming `where` otherwise."""
+    if timeout is None:
+        return
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"{where}: expected a datetime.timedelta, got {type(timeout).__name__}")
+    if timeout <= timedelta(0):
+        raise ValueError(f"{where}: must be positive, got {timeout}")
 
 
 def handler_name(handler: Callable[..., Any]) -> str:
@@ -76,19 +89,28 @@ class Registry:
     def __init__(self) -> None:
         self._registered: list[Registered] = []
 
-    def add(self, selector: str, handler: Handler) -> Registered:
+    def add(self, selector: str, handler: Handler, timeout: timedelta | None = None) -> Registered:
         if selector not in _SELECTORS:
             raise ValueError(f"on({selector!r}): expected one of {sorted(_SELECTORS)}")
         if not callable(handler) or not _is_async(handler):
             raise TypeError(f"{handler_name(handler)} must be an `async def` function")
+        check_timeout(f"on({selector!r}, timeout=...)", timeout)
         registered = Registered(
-            cast(Selector, selector), handler, handler_name(handler), _wants_context(handler)
+            cast(Selector, selector),
+            handler,
+            handler_name(handler),
+            _wants_context(handler),
+            timeout,
         )
         self._registered.append(registered)
         return registered
 
     def for_event(self, event: FileEvent) -> list[Registered]:
         return [registered for registered in self._registered if registered.matches(event)]
+
+    def names(self) -> list[str]:
+        """The registered handlers' names, in registration order, each once."""
+        return list(dict.fromkeys(registered.name for registered in self._registered))
 
     def __len__(self) -> int:
         return len(self._registered)

@@ -3,8 +3,13 @@
     normalize      one delivery in, canonical events out (no Kafka)
     create-topics  create every topic the stream uses
     tail           print the canonical events of an instance's output topic, one JSON line each
+    status         the stage groups' members, owners and lag; restore; events/s per instance
     topics         list the topics the stream uses with their settings
+    schema         the canonical event's JSON Schema (schemas/file-event/)
+    asyncapi       an AsyncAPI 3.0 document of every topic (schemas/asyncapi.json)
     replay-dead-letters  republish dead letters to their raw topic after a fix
+    acls           the Kafka ACLs a component needs (kafka-acls.sh lines or a Strimzi KafkaUser)
+    remove-member  remove a worker's static member from its consumer groups (a scale-in)
 
 The worker itself is `faust -A streams worker`.
 """
@@ -15,27 +20,25 @@ import argparse
 import asyncio
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from streams.config import ConfigError, load_settings
 from streams.delivery import Delivery
+from streams.kafka_settings import KafkaAccessError, KafkaSettings
 from streams.normalizers import MalformedDelivery, normalize
 from streams.records import json_line
 from streams.rules import Filtered, apply_instance
 
-PRINTED_FIELDS = (
-    "id",
-    "type",
-    "key",
-    "bucket",
-    "size",
-    "etag",
-    "version_id",
-    "time",
-    "sequencer",
-    "provider",
-)
+FILTER_REASONS = {
+    "source": "the instance does not list this provider in its `sources`",
+    "bucket": "the instance takes another bucket",
+    "prefix": "the key is not under the instance's prefix",
+    "prefix-escape": "the key's dot segments climb out of the instance's prefix",
+}
+TAIL_HEADER_PREFIXES = ("ce_", "stale.", "error")
+"""Headers `tail --headers` shows: CloudEvents, a stale record's reason, a dead letter's error."""
 
 
 class UsageError(Exception):
@@ -61,7 +64,16 @@ def _read_body(path: str) -> bytes:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
 
 
+def filtered_reason(reason: str) -> str:
+    """A `Filtered.reason` in words, for the normalize command's stderr."""
+    if reason.startswith("plugin:"):
+        return f"the key is inside an internal prefix of the {reason[7:]} plugin"
+    return FILTER_REASONS.get(reason, reason)
+
+
 def command_normalize(args: argparse.Namespace) -> int:
+    """Print each event as the output topic carries it (without `raw` unless --raw); when
+    nothing comes out, say why on stderr (exit 0: a delivery yielding nothing is no error)."""
     delivery = Delivery(
         source=args.source,
         body=_read_body(args.file),
@@ -73,16 +85,28 @@ def command_normalize(args: argparse.Namespace) -> int:
         settings = load_settings(args.config)
         if args.instance is not None:
             instance = settings.instance(args.instance)
-    for event in normalize(delivery):
+    events = normalize(delivery)
+    if not events:
+        print(
+            f"no events: the {args.source} normalizer yields none for this delivery, a kind "
+            f"it drops on purpose (e.g. s3:TestEvent, metadata-only changes; see "
+            f"streams/normalizers/{args.source}.py)",
+            file=sys.stderr,
+        )
+    for event in events:
         if instance is not None:
             kept = apply_instance(event, instance)
             if isinstance(kept, Filtered):
+                print(
+                    f"filtered by instance {instance.name} ({kept.reason}): "
+                    f"{filtered_reason(kept.reason)}: {event.key!r} (id {event.id})",
+                    file=sys.stderr,
+                )
                 continue
             event = kept
-        data = event.model_dump(mode="json")
-        line: dict[str, Any] = {name: data[name] for name in PRINTED_FIELDS}
+        line: dict[str, Any] = event.summary()
         if args.raw:
-            line["raw"] = data["raw"]
+            line["raw"] = event.model_dump(mode="json")["raw"]
         print(json_line(line))
     return 0
 
@@ -110,20 +134,39 @@ def command_create_topics(args: argparse.Namespace) -> int:
 
     settings = load_settings(args.config)
     created = asyncio.run(
-        ensure_topics(settings.kafka.bootstrap_servers, topology(settings), retry_for_s=args.wait)
+        ensure_topics(settings.kafka, topology(settings), retry_for_s=args.wait)
     )
     print(f"created {len(created)} topic(s)" + (f": {', '.join(created)}" if created else ""))
     return 0
 
 
+def shown_headers(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str | None]:
+    """The headers `tail --headers` prints (TAIL_HEADER_PREFIXES), values as text (a null
+    header value as null)."""
+    return {
+        name: None if value is None else value.decode("utf-8", errors="replace")
+        for name, value in headers
+        if name.startswith(TAIL_HEADER_PREFIXES)
+    }
+
+
 async def _tail(
-    bootstrap: str, topic: str, from_beginning: bool, count: int | None, timeout_s: float | None
+    kafka: KafkaSettings | str,
+    topic: str,
+    from_beginning: bool,
+    count: int | None,
+    timeout_s: float | None,
+    headers: bool = False,
 ) -> int:
     from aiokafka import AIOKafkaConsumer
 
+    from streams.kafka_settings import require_access
+
+    kafka = KafkaSettings.of(kafka)
+    await require_access(kafka)  # a refused password or certificate: one line, exit 2
     consumer = AIOKafkaConsumer(
         topic,
-        bootstrap_servers=bootstrap,
+        **kafka.aiokafka_args(),
         group_id=None,
         enable_auto_commit=False,
         auto_offset_reset="earliest" if from_beginning else "latest",
@@ -143,9 +186,13 @@ async def _tail(
                 for message in messages:
                     value = message.value or b""
                     try:
-                        print(json_line(json.loads(value)), flush=True)
+                        shown: Any = json.loads(value)
                     except ValueError:
-                        print(value.decode("utf-8", errors="replace"), flush=True)
+                        shown = value.decode("utf-8", errors="replace")
+                    if headers:
+                        shown = {"headers": shown_headers(message.headers), "event": shown}
+                    text = shown if isinstance(shown, str) else json_line(shown)
+                    print(text, flush=True)
                     printed += 1
     finally:
         await consumer.stop()
@@ -161,11 +208,123 @@ def command_tail(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(
             _tail(
-                settings.kafka.bootstrap_servers, topic, not args.from_end, args.count, args.timeout
+                settings.kafka,
+                topic,
+                not args.from_end,
+                args.count,
+                args.timeout,
+                args.headers,
             )
         )
     except KeyboardInterrupt:
         return 0
+
+
+def command_status(args: argparse.Namespace) -> int:
+    import logging
+
+    from streams import status
+
+    # It says itself, in one line, when Kafka cannot be read: not aiokafka's line per retry.
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    settings = load_settings(args.config)
+    urls = args.worker or [f"http://127.0.0.1:{settings.stream.web_port}"]
+    try:
+        return asyncio.run(_status(status, settings, urls, args.watch, args.json))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _status(
+    status: Any, settings: Any, urls: list[str], watch: float | None, as_json: bool
+) -> int:
+    from aiokafka.errors import KafkaError
+
+    previous = None
+    while True:
+        try:
+            previous = await status.snapshot(settings, urls, previous)
+        except (KafkaError, OSError) as exc:
+            message = (
+                f"cannot read the stream's state from Kafka at "
+                f"{settings.kafka.bootstrap_servers} (KAFKA_BOOTSTRAP_SERVERS): {exc!r}"
+            )
+            if watch is None:
+                print(f"error: {message}", file=sys.stderr)
+                return 1
+            print(message, file=sys.stderr, flush=True)
+            await asyncio.sleep(watch)
+            continue
+        if as_json:
+            print(json.dumps(previous.to_json()), flush=True)
+        else:
+            if watch is not None and sys.stdout.isatty():
+                print("\x1b[H\x1b[2J", end="")  # one screen: clear it before each refresh
+            print(status.render(previous), flush=True)
+        if watch is None:
+            return 0
+        await asyncio.sleep(watch)
+
+
+def _print_or_write(text: str, output: str | None) -> int:
+    if output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        Path(output).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {output}: {exc.strerror}") from None
+    print(f"wrote {output}", file=sys.stderr)
+    return 0
+
+
+def command_schema(args: argparse.Namespace) -> int:
+    from streams.schema import file_event_schema, schema_text
+
+    return _print_or_write(schema_text(file_event_schema()), args.output)
+
+
+def command_asyncapi(args: argparse.Namespace) -> int:
+    from streams.asyncapi import asyncapi_document
+    from streams.schema import schema_text
+
+    settings = load_settings(None, environ={}) if args.defaults else load_settings(args.config)
+    document = asyncapi_document(settings)
+    return _print_or_write(schema_text(document), args.output)
+
+
+def command_remove_member(args: argparse.Namespace) -> int:
+    """Remove worker `--instance-id` (its STREAMS_GROUP_INSTANCE_ID) from the stage groups and
+    Faust's group at once, so its partitions move now instead of after the session timeout
+    (streams.membership). Exit 0 if it was removed from at least one group, 1 if it was a
+    member of none (a wrong name, or it had left already)."""
+    import logging
+
+    from aiokafka.errors import KafkaError
+
+    from streams.kafka_settings import require_access
+    from streams.membership import remove_static_members, worker_members
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    settings = load_settings(args.config)
+    members = worker_members(settings.stream.app_id, args.instance_id)
+
+    async def remove() -> list[Any]:
+        await require_access(settings.kafka)  # a refused password or certificate: exit 2
+        return await remove_static_members(settings.kafka, members)
+
+    try:
+        removals = asyncio.run(remove())
+    except (KafkaError, NotImplementedError, OSError) as exc:
+        print(
+            f"error: cannot remove the member through Kafka at "
+            f"{settings.kafka.bootstrap_servers} (KAFKA_BOOTSTRAP_SERVERS): {exc!r}",
+            file=sys.stderr,
+        )
+        return 1
+    for removal in removals:
+        print(f"{removal.group_id}: {removal.instance_id}: {removal.outcome}")
+    return 0 if any(removal.removed for removal in removals) else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,7 +363,51 @@ def build_parser() -> argparse.ArgumentParser:
     tail_cmd.add_argument("--from-end", action="store_true", help="only new events")
     tail_cmd.add_argument("--count", type=int, help="stop after this many events")
     tail_cmd.add_argument("--timeout", type=float, help="stop after this many seconds")
+    tail_cmd.add_argument(
+        "--headers",
+        action="store_true",
+        help='print {"headers": ce_*, stale.*, error*, "event": ...} per record',
+    )
     tail_cmd.set_defaults(run=command_tail)
+
+    status_cmd = commands.add_parser(
+        "status", help="stage groups, owners, lag, restore; events/s per instance"
+    )
+    status_cmd.add_argument("--config")
+    status_cmd.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a worker's web address (repeat per worker; default http://127.0.0.1:<web_port>)",
+    )
+    status_cmd.add_argument(
+        "--watch",
+        nargs="?",
+        type=float,
+        const=2.0,
+        metavar="S",
+        help="refresh every S seconds (default 2) until Ctrl-C",
+    )
+    status_cmd.add_argument("--json", action="store_true", help="one JSON object per refresh")
+    status_cmd.set_defaults(run=command_status)
+
+    schema_cmd = commands.add_parser("schema", help="the canonical event's JSON Schema")
+    schema_cmd.add_argument("--output", metavar="FILE", help="write it here, not to stdout")
+    schema_cmd.set_defaults(run=command_schema)
+
+    asyncapi_cmd = commands.add_parser(
+        "asyncapi", help="an AsyncAPI 3.0 document of the stream's topics"
+    )
+    asyncapi_source = asyncapi_cmd.add_mutually_exclusive_group()
+    asyncapi_source.add_argument("--config")
+    asyncapi_source.add_argument(
+        "--defaults",
+        action="store_true",
+        help="the default configuration, no file or environment (schemas/asyncapi.json)",
+    )
+    asyncapi_cmd.add_argument("--output", metavar="FILE", help="write it here, not to stdout")
+    asyncapi_cmd.set_defaults(run=command_asyncapi)
 
     from streams import replay  # its Kafka clients load only when it runs
 
@@ -213,6 +416,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_arguments(replay_cmd)
     replay_cmd.set_defaults(run=replay.command_replay_dead_letters)
+
+    from streams import acls
+
+    acls_cmd = commands.add_parser("acls", help="print the Kafka ACLs a component needs")
+    acls.add_arguments(acls_cmd)
+    acls_cmd.set_defaults(run=acls.command_acls)
+
+    remove_cmd = commands.add_parser(
+        "remove-member",
+        help="remove a worker's static member from its groups now (a scale-in, a dead worker)",
+    )
+    remove_cmd.add_argument("--config")
+    remove_cmd.add_argument(
+        "--instance-id",
+        required=True,
+        metavar="NAME",
+        help="the worker's STREAMS_GROUP_INSTANCE_ID (its StatefulSet pod name)",
+    )
+    remove_cmd.set_defaults(run=command_remove_member)
     return parser
 
 
@@ -221,6 +443,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code: int = args.run(args)
         return code
-    except (MalformedDelivery, ConfigError, UsageError) as exc:
+    except (MalformedDelivery, ConfigError, UsageError, KafkaAccessError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

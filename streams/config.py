@@ -7,12 +7,14 @@ that names the field.
 ```toml
 [kafka]
 bootstrap_servers = "127.0.0.1:9092"      # env KAFKA_BOOTSTRAP_SERVERS wins
+security_protocol = "SASL_SSL"            # TLS and SASL: streams.kafka_settings
 
 [stream]
 raw_topics = ["files.raw", { name = "minio.events", default_source = "minio" }]
 dead_letter_topic = "files.dead-letter"
 partitions = 4
 replication_factor = 1
+min_insync_replicas = 1      # at most replication_factor; 2 of 3 in production
 max_clock_skew_s = 300       # event times further ahead are not recorded for ordering
 
 [[instances]]
@@ -36,7 +38,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from streams.kafka_settings import ENVIRONMENT as KAFKA_ENVIRONMENT
+from streams.kafka_settings import KafkaSettings
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -51,15 +64,21 @@ PLUGIN_DEFAULT_PREFIXES: dict[str, str] = {
 }
 
 ENVIRONMENT = {
-    "KAFKA_BOOTSTRAP_SERVERS": ("kafka", "bootstrap_servers"),
+    **{variable: ("kafka", field) for variable, field in KAFKA_ENVIRONMENT.items()},
     "STREAMS_DATA_DIR": ("stream", "data_dir"),
     "STREAMS_WEB_PORT": ("stream", "web_port"),
     "STREAMS_PROCESSING_GUARANTEE": ("stream", "processing_guarantee"),
     "STREAMS_GROUP_INSTANCE_ID": ("stream", "group_instance_id"),
+    "STREAMS_ENGINE": ("stream", "engine"),
+    "STREAMS_GROUP_PROTOCOL": ("stream", "group_protocol"),
+    "STREAMS_LEAVE_GROUP_ON_STOP": ("stream", "leave_group_on_stop"),
     "STREAMS_PARTITIONS": ("stream", "partitions"),
     "STREAMS_REPLICATION_FACTOR": ("stream", "replication_factor"),
+    "STREAMS_MIN_INSYNC_REPLICAS": ("stream", "min_insync_replicas"),
     "STREAMS_APP_ID": ("stream", "app_id"),
     "STREAMS_MAX_CLOCK_SKEW_S": ("stream", "max_clock_skew_s"),
+    "STREAMS_DELETED_MARK_GRACE_S": ("stream", "deleted_mark_grace_s"),
+    "STREAMS_PROGRESS_INTERVAL_S": ("stream", "progress_interval_s"),
     "WEBHOOK_HOST": ("webhook", "host"),
     "WEBHOOK_PORT": ("webhook", "port"),
     "WEBHOOK_RAW_TOPIC": ("webhook", "raw_topic"),
@@ -213,8 +232,8 @@ class RawTopicConfig(_Strict):
         return check_topic_name(value)
 
 
-class KafkaConfig(_Strict):
-    bootstrap_servers: str = "127.0.0.1:9092"
+KafkaConfig = KafkaSettings
+"""`[kafka]`: the connection of every Kafka client (address, TLS, SASL); streams.kafka_settings."""
 
 
 class StreamConfig(_Strict):
@@ -226,32 +245,76 @@ class StreamConfig(_Strict):
     dead_letter_topic: str = "files.dead-letter"
     partitions: int = Field(default=4, ge=1, le=10_000)
     replication_factor: int = Field(default=1, ge=1, le=32)
+    min_insync_replicas: int = Field(default=1, ge=1, le=32)
+    """`min.insync.replicas` of every topic the stream creates (env
+    STREAMS_MIN_INSYNC_REPLICAS): an `acks=all` write is acknowledged once this many replicas
+    have it. 2 with replication_factor 3: a write survives one broker lost, and one broker
+    may be down without stopping the stream. At most replication_factor."""
     data_dir: Path = Path("var/streams")
     web_port: int = Field(default=6066, ge=1, le=65535)
     processing_guarantee: Literal["at_least_once", "exactly_once"] = "exactly_once"
+    engine: Literal["aiokafka", "librdkafka"] = "aiokafka"
+    """The Kafka clients under the stages (env STREAMS_ENGINE): `aiokafka`, or `librdkafka`
+    (confluent-kafka, streams.engine: incremental rebalances, one transactional producer per
+    stage member, exactly-once v2). Both run the same stage logic."""
+    group_protocol: Literal["consumer", "classic"] = "consumer"
+    """The consumer group protocol of the `librdkafka` engine (env STREAMS_GROUP_PROTOCOL):
+    `consumer` (KIP-848, Kafka 4.x), or `classic` with the cooperative-sticky assignor for
+    older clusters. Either way a membership change moves only the partitions that change."""
     batch_size: int = Field(default=2000, ge=1, le=100_000)
     batch_within_s: float = Field(default=0.05, gt=0, le=10)
     dedupe_sweep_interval_s: float = Field(default=30.0, gt=0)
     """How often expired dedupe ids are removed (locally, and tombstoned in the changelog)."""
     session_timeout_s: float = Field(default=15.0, ge=6, le=300)
     """How long the group waits for a silent worker before giving its partitions away."""
+    progress_interval_s: float = Field(default=60.0, gt=0)
+    """How often the worker logs its progress line: records/s per stage, lag, dead letters
+    (env STREAMS_PROGRESS_INTERVAL_S)."""
     max_clock_skew_s: float = 300.0
     """How far ahead of the worker's clock an event time may be and still be recorded as the
     key's ordering time (env STREAMS_MAX_CLOCK_SKEW_S). An event dated further ahead is
     emitted, but cannot make later events of its key stale by its time (streams.ordering)."""
+    deleted_mark_grace_s: float | None = None
+    """How long a deleted key's ordering mark is kept (env STREAMS_DELETED_MARK_GRACE_S;
+    seconds or a duration): after it, an event of that key older than the delete is emitted
+    as if new (streams.emitting). Unset: each instance's `dedupe_ttl`."""
     group_instance_id: str | None = None
     """Static group membership (KIP-345): a worker restarted under the same id takes its
     partitions back at once instead of after the session timeout. Unique per worker, stable
     across its restarts (a StatefulSet pod name)."""
+    leave_group_on_stop: bool = False
+    """A static member leaves its groups when it stops (env STREAMS_LEAVE_GROUP_ON_STOP): for
+    a worker that is not coming back (a scale-in), so its partitions move at once instead of
+    after the session timeout (streams.membership). SIGUSR1 does the same for one stop."""
 
     @field_validator("repartition_topic", "dead_letter_topic")
     @classmethod
     def _topic(cls, value: str) -> str:
         return check_topic_name(value)
 
+    @field_validator("min_insync_replicas")
+    @classmethod
+    def _insync(cls, value: int, info: ValidationInfo) -> int:
+        replicas = info.data.get("replication_factor")
+        if replicas is not None and value > replicas:
+            raise ValueError(
+                f"{value} is more than replication_factor ({replicas}): no write could ever "
+                "be acknowledged; lower min_insync_replicas or raise replication_factor"
+            )
+        return value
+
     @field_validator("max_clock_skew_s", mode="before")
     @classmethod
     def _skew(cls, value: Any) -> float:
+        if isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value):
+            value = float(value)  # seconds, as an environment variable gives them
+        return parse_duration(value)
+
+    @field_validator("deleted_mark_grace_s", mode="before")
+    @classmethod
+    def _mark_grace(cls, value: Any) -> float | None:
+        if value is None:
+            return None
         if isinstance(value, str) and re.fullmatch(r"\s*\d+(\.\d+)?\s*", value):
             value = float(value)  # seconds, as an environment variable gives them
         return parse_duration(value)
@@ -635,7 +698,7 @@ class WebhookConfig(_Strict):
 class Settings(_Strict):
     """Everything the worker and the bridges are configured with."""
 
-    kafka: KafkaConfig = KafkaConfig()
+    kafka: KafkaSettings = KafkaSettings()
     stream: StreamConfig = StreamConfig()
     webhook: WebhookConfig = WebhookConfig()
     instances: tuple[InstanceConfig, ...] = (InstanceConfig(name="default"),)
@@ -713,6 +776,8 @@ def _describe(error: ValidationError, origin: str, overrides: Mapping[tuple[str,
         loc = tuple(str(part) for part in item["loc"])
         message = item["msg"].removeprefix("Value error, ")
         variable = overrides.get((loc[0], loc[1])) if len(loc) >= 2 else None
+        if len(loc) == 1:  # a section's own check names its field first: `field: ...`
+            variable = overrides.get((loc[0], message.partition(":")[0]))
         if variable is not None:
             message += f" (from environment variable {variable})"
         # A model-level check names its own field(s) in the message.

@@ -57,6 +57,14 @@ A mark poisoned before the upgrade (by the very attack scopes prevent) affects o
 provider's events of that key, and only until the window closes. The fallback costs a read
 only on a miss, only in the window, and never on a partition that starts without state.
 
+Deleted keys' marks expire (streams.ordering `with_grace`): the mark a `deleted` event leaves
+records `forget_at` = now + the grace (`stream.deleted_mark_grace_s`, else the instance's
+`dedupe_ttl`: `deleted_mark_grace`). Past it, the plan reads the mark as none, a restore skips
+it (`mark_forget_at`) and the worker's sweeper deletes it and tombstones it in the changelog
+(`mark_revision`). Marks written before this rule carry no `forget_at`: the sweeper stamps
+those of deleted keys (both key forms) with the sweep's time + the grace, so they are
+forgotten a grace after the first sweep that sees them, never earlier. Live keys' marks stay.
+
 The plan holds the records to send and the state to record once Kafka acknowledged them:
 a batch that fails to send records nothing, so its redelivery runs again.
 """
@@ -65,7 +73,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -78,10 +86,12 @@ from streams.ordering import (
     TOKEN_KINDS,
     Mark,
     bounded_mark,
+    forgotten,
     mark_for,
     recorded_mark,
     scope,
     stale_reason,
+    with_grace,
 )
 from streams.records import (
     KeyedEvent,
@@ -93,13 +103,20 @@ from streams.records import (
     parse_keyed,
     partition_key,
 )
-from streams.store import OFFSET_KEY
+from streams.store import OFFSET_KEY, Revision
 
 SEEN = "seen"
 MARKS = "marks"
 LEGACY_UNTIL_KEY = b"\x00legacy-keys-until"
 """In `marks`: until when this partition also reads the keys written before scopes (module
-docstring). Starts with NUL, as no instance name does; `marks` entries never expire."""
+docstring). Starts with NUL, as no instance name does; it never expires (it is no mark)."""
+MARKS_SWEEP_SCAN = 50_000
+"""Marks a sweep reads per partition (the next sweep resumes there): the table holds every
+live key, and the sweep holds the emit stage up while it reads, 1.5-4 us a mark (BENCHMARKS.md,
+"Marks: bounded state"). Decisions do not wait for it (a mark past its grace counts as none),
+only the space does: a partition of 2.5M keys is read through every 50 sweeps."""
+DELETED_MARKER = b"deleted"
+"""In every stored mark of a deleted key (its `type`): marks without it are skipped unparsed."""
 KNOWN_SOURCES = frozenset(SOURCES)
 UNPREFIXED_ID_PROVIDERS = frozenset({"eventbridge", "azure", "b2", "box", "cloudinary"})
 """Providers whose event ids are their own (not `<provider>:...`)."""
@@ -224,6 +241,49 @@ def legacy_mark_applies(legacy: Mark, mark: Mark, provider: str, scope: str) -> 
     return not owners.isdisjoint(issuers)
 
 
+def deleted_mark_grace(settings: Settings, instance_name: str) -> float:
+    """How long a deleted key's mark is kept: `stream.deleted_mark_grace_s`, else the
+    instance's dedupe TTL (else, for an instance no longer configured, the longest)."""
+    if settings.stream.deleted_mark_grace_s is not None:
+        return settings.stream.deleted_mark_grace_s
+    for instance in settings.instances:
+        if instance.name == instance_name:
+            return instance.dedupe_ttl
+    return max(instance.dedupe_ttl for instance in settings.instances)
+
+
+def mark_instance(key: bytes) -> str:
+    """The instance of a `marks` key of either form (`<instance>|...`, `<instance>/...`):
+    instance names hold neither `|` nor `/`."""
+    text = key.decode("utf-8", "replace")
+    return text.split("|", 1)[0].split("/", 1)[0]
+
+
+def mark_forget_at(stored: bytes) -> float | None:
+    """When a stored mark is forgotten, None if never (a live key's, or not stamped yet): the
+    restore's expiry reader for `marks`."""
+    if DELETED_MARKER not in stored:
+        return None
+    mark = _read_mark(stored)
+    return mark.forget_at if mark is not None and mark.type == "deleted" else None
+
+
+def mark_revision(
+    key: bytes, stored: bytes, now: float, grace_of: Callable[[bytes], float]
+) -> Revision | None:
+    """What the sweep does to one `marks` entry: None (keep it); delete a deleted key's mark
+    past its `forget_at`; stamp one written before marks expired (no `forget_at`) with
+    `now` + its grace (`grace_of(key)`), so that it goes a grace later."""
+    if key == LEGACY_UNTIL_KEY or DELETED_MARKER not in stored:
+        return None
+    mark = _read_mark(stored)
+    if mark is None or mark.type != "deleted":
+        return None
+    if mark.forget_at is None:
+        return Revision(_mark_bytes(with_grace(mark, now, grace_of(key))))
+    return Revision(None) if forgotten(mark, now) else None
+
+
 def encode_expiry(expires_at: float) -> bytes:
     return f"{expires_at:.3f}".encode()
 
@@ -247,6 +307,7 @@ def plan_batch(
     instances = {instance.name: instance for instance in settings.instances}
     latest = now + settings.stream.max_clock_skew_s
     legacy_until: dict[int, float] = {}
+    graces = {name: deleted_mark_grace(settings, name) for name in instances}
 
     def lookup(table: str, partition: int, key: bytes) -> bytes | None:
         found = pending.get((table, partition, key))
@@ -319,6 +380,8 @@ def plan_batch(
                 legacy, mark, event.provider, event_scope
             ):
                 last = legacy
+        if forgotten(last, now):
+            last = None  # a deleted key past its grace: as if never seen
         last = bounded_mark(last, latest)
         stale_because = stale_reason(mark, event, last)
         if stale_because is not None:
@@ -328,7 +391,8 @@ def plan_batch(
             plan.outcomes[(instance.name, "stale")] += 1
             continue
         if not _version_only(event):
-            record(MARKS, partition, key_key, _mark_bytes(recorded_mark(mark, last, latest)))
+            recorded = with_grace(recorded_mark(mark, last, latest), now, graces[instance.name])
+            record(MARKS, partition, key_key, _mark_bytes(recorded))
         plan.outputs.append(keyed_output_record(instance.output_topic, event))
         plan.outcomes[(instance.name, "emitted")] += 1
         received_at = item.headers.get("received-at")

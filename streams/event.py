@@ -1,40 +1,61 @@
 """The canonical file event: the one shape every provider's notification becomes.
 
-The field meanings are the product's contract (see DESIGN.md, "The canonical event").
+The field meanings are the product's contract (README, "Output records"; per provider:
+docs/PROVIDERS.md).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
+from pydantic import BaseModel, ConfigDict, WithJsonSchema, field_serializer, field_validator
 
 EventType = Literal["created", "deleted"]
+Rfc3339 = Annotated[str, WithJsonSchema({"type": "string", "format": "date-time"})]
+"""What `time` is written as (format_time), for the JSON Schema of the written event."""
 
 
 class FileEvent(BaseModel):
     """One change to one object, as downstream consumers see it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # The attribute docstrings below are also the descriptions of the published JSON Schema
+    # (streams.schema, schemas/file-event/): write them for consumers in any language.
+    # Every output carries every field, so the schema of what is written requires them all.
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+        json_schema_serialization_defaults_required=True,
+    )
 
     id: str
-    """Same every time a given change is delivered, however it arrives."""
+    """Same every time a given change is delivered, however it arrives: deduplicate on it."""
     type: EventType
+    """`created` (new content under the key) or `deleted` (see version_only)."""
     key: str
-    """Caller-facing key: decoded, instance prefix stripped."""
+    """The object key to pass to a download call: decoded where the provider encodes it,
+    the instance prefix stripped."""
     bucket: str | None = None
+    """The bucket or container; null for providers without one (Box, Cloudinary)."""
     size: int | None = None
+    """The object's size in bytes, as the provider gives it; null when it does not."""
     etag: str | None = None
+    """The provider's entity tag, one pair of quotes stripped; null when it gives none."""
     version_id: str | None = None
+    """The provider's identifier of the stored version (S3 version id, GCS generation, Azure
+    versionId, B2 file id, Cloudinary version_id, ...); null when the provider names none."""
     time: datetime | None = None
-    """The provider's event time, UTC."""
+    """The provider's event time, RFC 3339 in UTC (`Z`); null when the provider gives none."""
     sequencer: str | None = None
-    """The provider's per-key ordering token, verbatim (see streams.ordering)."""
+    """The provider's per-key ordering token, verbatim (S3/MinIO sequencer, Azure sequencer,
+    ...); null when it has none. Compare tokens only between events of one key and provider."""
     provider: str
+    """Which source the change came from: s3, eventbridge, gcs, azure, minio, supabase, b2,
+    box, cloudinary, appwrite, reconcile."""
     version_only: bool | None = None
-    """On `deleted`: True when only a noncurrent version went (the key still exists),
-    False when the live object is gone, None when the provider does not tell."""
+    """On `deleted`: true when only a noncurrent version went (the key still exists), false
+    when the live object is gone, null when the provider does not tell. Null on `created`."""
     raw: dict[str, Any] | None = None
     """The provider's own record, for the fields only it has."""
 
@@ -47,7 +68,7 @@ class FileEvent(BaseModel):
             raise ValueError("event time must carry a timezone")
         return value.astimezone(UTC)
 
-    @field_serializer("time")
+    @field_serializer("time", return_type=Rfc3339 | None)
     def _rfc3339(self, value: datetime | None) -> str | None:
         return format_time(value) if value is not None else None
 

@@ -6,7 +6,14 @@ plugin), duplicate, stale or dead-lettered.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
+
+STAGES = ("normalize", "emit")
+REFUSED_OUTCOMES = ("dead-lettered", "dropped")
+"""What became of a record Kafka refused: replaced by a dead letter, or dropped
+(streams/sending.py)."""
 
 RECEIVED = Counter("storage_events_received", "Raw deliveries read from the raw topics", ["source"])
 NORMALIZED = Counter(
@@ -60,3 +67,41 @@ STAGE_STUCK = Gauge(
     "1 while a stage cannot make progress (Kafka away or refusing its writes), else 0",
     ["stage"],
 )
+STAGE_LAG = Gauge(
+    "storage_events_stage_lag",
+    "Records waiting on a stage's partitions (end it may read minus its position), about "
+    "once a second; absent until the stage has partitions whose end is known",
+    ["stage"],
+)
+RESTORING = Gauge(
+    "storage_events_restoring_partitions",
+    "Partitions whose state the emit stage is restoring from the changelogs right now",
+)
+RESTORE_SECONDS = Histogram(
+    "storage_events_restore_seconds",
+    "Duration of each state restore on assignment (until the changelogs' ends were read)",
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
+RESTORED_RECORDS = Counter(
+    "storage_events_restored_records",
+    "Changelog records read by state restores",
+)
+
+
+def start_at_zero(instances: Iterable[str], written_topics: Iterable[str]) -> None:
+    """Create, at 0, every series whose labels are known at start-up.
+
+    A counter series that first appears with its first increment is invisible to
+    `increase()` and `rate()` for that increment: the alerts on dead letters and refused
+    records (k8s/monitoring/prometheusrule.yaml) would miss the first one after every start.
+    """
+    for stage in STAGES:
+        DEAD_LETTERED.labels(stage)
+        STAGE_STUCK.labels(stage).set(0)
+    for instance in instances:
+        for counter in (EMITTED, DUPLICATES, STALE):
+            counter.labels(instance)
+        LATENCY.labels(instance)
+    for topic in written_topics:
+        for outcome in REFUSED_OUTCOMES:
+            REFUSED.labels(topic, outcome)

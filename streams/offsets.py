@@ -16,18 +16,19 @@ from collections.abc import Collection
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from streams.kafka_settings import KafkaSettings
+
 log = logging.getLogger(__name__)
 
 
 async def adopt_committed_offsets(
-    bootstrap_servers: str, old_group: str, new_group: str, topics: Collection[str]
+    kafka: KafkaSettings | str, old_group: str, new_group: str, topics: Collection[str]
 ) -> dict[TopicPartition, int]:
     """Commit `old_group`'s offsets of `topics` for `new_group`, if it has none of its own.
 
     Returns what was adopted. Call it before the new group's members start."""
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap_servers, client_id="storage-events-offsets"
-    )
+    kafka = KafkaSettings.of(kafka)
+    admin = AIOKafkaAdminClient(**kafka.aiokafka_args(), client_id="storage-events-offsets")
     await admin.start()
     try:
         own = await admin.list_consumer_group_offsets(new_group)
@@ -42,7 +43,7 @@ async def adopt_committed_offsets(
     if not adopted:
         return {}
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap_servers,
+        **kafka.aiokafka_args(),
         client_id="storage-events-offsets",
         group_id=new_group,
         enable_auto_commit=False,

@@ -36,6 +36,12 @@ Clock skew (`bounded_mark`, `recorded_mark`): an event time more than `stream.ma
 event is still emitted (it is authenticated, and newer than anything known), but its time is
 not recorded: the key's mark keeps the time it had. A stored mark whose time is beyond the
 bound (one recorded before this rule) counts as having no time.
+
+Forgetting deleted keys (`with_grace`, `forgotten`): a mark left by a `deleted` event carries
+`forget_at`, the worker's time when it was recorded plus the grace
+(`stream.deleted_mark_grace_s`, default the instance's dedupe TTL). From then on it counts as
+no mark: an event of that key older than the delete, delayed past the grace, is emitted as
+if new. A live key's mark never expires.
 """
 
 from __future__ import annotations
@@ -97,25 +103,33 @@ class Mark:
     time: float | None
     event_id: str
     type: str
+    forget_at: float | None = None
+    """A `deleted` key's mark only: when (worker clock, epoch seconds) it is forgotten
+    (`forgotten`). Never set on a live key's mark, which is kept."""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "kind": self.kind,
             "token": list(self.token) if self.token is not None else None,
             "time": self.time,
             "id": self.event_id,
             "type": self.type,
         }
+        if self.forget_at is not None:
+            data["forget_at"] = self.forget_at
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Mark:
         token = data.get("token")
+        forget_at = data.get("forget_at")
         return cls(
             kind=data.get("kind"),
             token=tuple(token) if token is not None else None,
             time=data.get("time"),
             event_id=str(data.get("id", "")),
             type=str(data.get("type", "")),
+            forget_at=float(forget_at) if isinstance(forget_at, int | float) else None,
         )
 
 
@@ -201,6 +215,26 @@ def recorded_mark(mark: Mark, last: Mark | None, latest: float) -> Mark:
     if mark.time is not None and mark.time > latest:
         return replace(mark, time=last.time if last is not None else None)
     return mark
+
+
+def with_grace(mark: Mark, now: float, grace_s: float) -> Mark:
+    """The mark to record: a `deleted` one is forgotten `grace_s` after `now` (a live key's
+    mark is kept: it is what makes an older copy of the live object stale)."""
+    if mark.type != "deleted":
+        return replace(mark, forget_at=None) if mark.forget_at is not None else mark
+    return replace(mark, forget_at=now + grace_s)
+
+
+def forgotten(mark: Mark | None, now: float) -> bool:
+    """Whether `mark` (of a deleted key) is past its grace: it orders nothing any more, as
+    if the key had never been seen. A mark without `forget_at` (a live key's, or one written
+    before marks expired) is never forgotten here."""
+    return (
+        mark is not None
+        and mark.type == "deleted"
+        and mark.forget_at is not None
+        and mark.forget_at <= now
+    )
 
 
 def staleness(event: Ordered, last: Mark | None) -> str | None:

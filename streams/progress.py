@@ -5,6 +5,12 @@ through yet (`trouble`), and that it did (`recovered`). A cause is logged at mos
 `LOG_EVERY_S` seconds, with how often it recurred meanwhile, instead of once per retry; a
 stage whose trouble lasts `STUCK_AFTER_S` makes `/ready` answer 503 naming the stage and why.
 
+A stage can also be stuck without a write to report it: Kafka away while nothing is written,
+or records waiting (lag) that nothing handles. `StallWatch` is told, about once a second, how
+many records a stage has handled, its lag, and when Kafka last answered its consumer's fetch;
+a stage that handled nothing for `QUIET_S` while it has lag, or while Kafka answers none of its
+fetches, is in trouble since its last sign of life, so `/ready` says so `STUCK_AFTER_S` after it.
+
 Stopping: once `stop()` was called, `pause` (the wait between two attempts) raises
 `Stopping`, so no retry loop outlives the worker's grace period. Whatever is awaited at that
 moment is cancelled by the worker (streams.worker.PipelineService.on_stop).
@@ -33,6 +39,10 @@ LOG_EVERY_S = 5.0
 """At most one log line per stage and cause this often."""
 STUCK_AFTER_S = 5.0
 """A stage in trouble this long is reported by `/ready` (503)."""
+QUIET_S = 2.0
+"""A stage that handled no record for this long while it has lag, or whose consumer Kafka
+did not answer for this long, is in trouble (StallWatch). An idle consumer's fetch is answered
+at least every fetch_max_wait_ms (0.5 s)."""
 SLOW_WRITE_S = 5.0
 """A write Kafka has not acknowledged after this long is reported as trouble (aiokafka
 retries retriable errors by itself, e.g. NOT_ENOUGH_REPLICAS, so nothing else would say)."""
@@ -64,12 +74,15 @@ class Progress:
         self._logged: dict[tuple[str, str], Trouble] = {}
         self._stopping = False
 
-    def trouble(self, stage: str, cause: str, why: str, who: object = None) -> None:
+    def trouble(
+        self, stage: str, cause: str, why: str, who: object = None, since: float | None = None
+    ) -> None:
         """`stage` (its writer `who`) cannot make progress because of `why`; `cause` groups
-        repeats of it in the log."""
+        repeats of it in the log. `since`: when the trouble began, if before now (clock time)."""
         now = self._clock()
         current = self._troubles.get((stage, who))
-        self._troubles[(stage, who)] = Trouble(why, current.since if current else now, now)
+        began = current.since if current else now if since is None else min(since, now)
+        self._troubles[(stage, who)] = Trouble(why, began, now)
         metrics.STAGE_STUCK.labels(stage).set(1)
         logged = self._logged.get((stage, cause))
         if logged is not None and now - logged.logged_at < LOG_EVERY_S:
@@ -91,6 +104,10 @@ class Progress:
         log.info("%s stage makes progress again after %.1f s", stage, self._clock() - trouble.since)
         for key in [key for key in self._logged if key[0] == stage]:
             del self._logged[key]
+
+    def in_trouble(self, stage: str, besides: object = None) -> bool:
+        """Whether a writer of `stage` other than `besides` reports trouble now."""
+        return any(key[0] == stage and key[1] != besides for key in self._troubles)
 
     def stuck(self) -> dict[str, dict[str, object]]:
         """Stages in trouble for `STUCK_AFTER_S` or longer: why (the longest-lasting
@@ -145,3 +162,57 @@ class Progress:
             # A task of ours is cancelled with the wait; a producer's future is left to it.
             if isinstance(task, asyncio.Task) and not task.done():
                 task.cancel()
+
+
+class StallWatch:
+    """Whether a stage's consumer makes progress: reported to `progress` as trouble of the
+    stage (`who` = "consumer") while it handled nothing for QUIET_S although it has lag, or
+    Kafka answered none of its fetches for QUIET_S; recovered once either moves again."""
+
+    WHO = "consumer"
+
+    def __init__(
+        self, progress: Progress, stage: str, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.progress = progress
+        self.stage = stage
+        self._clock = clock
+        self._handled: float | None = None
+        self._handled_at = clock()
+        self._stalled = False
+
+    def sample(self, handled: float, lag: int | None, answered_at: float | None) -> None:
+        """`handled`: records the stage handled so far; `lag`: records waiting on its
+        partitions (None: unknown); `answered_at`: when Kafka last answered a fetch of its
+        consumer (clock time; None: not since it was assigned)."""
+        now = self._clock()
+        if handled != self._handled:
+            self._handled, self._handled_at = handled, now
+        if self.progress.in_trouble(self.stage, besides=self.WHO):
+            # A write says why the stage does not move: that is the cause to report, not the
+            # records waiting behind it.
+            self.reset()
+            return
+        alive_at = max(self._handled_at, answered_at or self._handled_at)
+        quiet = now - self._handled_at >= QUIET_S
+        if quiet and lag is not None and lag > 0:
+            why = f"{lag} records waiting, none handled for {now - self._handled_at:.0f} s"
+            self._report("lag", why, self._handled_at)
+        elif now - alive_at >= QUIET_S:
+            self._report(
+                "unanswered", f"Kafka answered no fetch for {now - alive_at:.0f} s", alive_at
+            )
+        elif self._stalled:
+            self._stalled = False
+            self.progress.recovered(self.stage, self.WHO)
+
+    def reset(self) -> None:
+        """The stage has no partitions (or is restoring them): nothing to watch for now."""
+        self._handled_at = self._clock()
+        if self._stalled:
+            self._stalled = False
+            self.progress.recovered(self.stage, self.WHO)
+
+    def _report(self, cause: str, why: str, since: float) -> None:
+        self._stalled = True
+        self.progress.trouble(self.stage, f"stall:{cause}", why, self.WHO, since=since)

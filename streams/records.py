@@ -9,7 +9,8 @@
   fields it decides on and passes the bytes through); headers `instance`, `received-at`.
   (Records of the first format, value `{"instance": ..., "event": {...}}`, are still read.)
 * Output record (-> `files.events.<instance>`): key = the caller-facing key, value = the
-  canonical event as JSON, CloudEvents 1.0 binary-mode headers.
+  canonical event as JSON, CloudEvents 1.0 binary-mode headers, `ce_dataschema` naming the
+  event's JSON Schema (streams.schema).
 * Stale record (-> `files.stale.<instance>`): the event, plus `stale.reason` headers.
 * Dead-letter record (-> `files.dead-letter`): original bytes and headers, plus `error`
   and `error.stage`.
@@ -32,12 +33,15 @@ import orjson
 
 from streams.delivery import Delivery
 from streams.event import EventType, FileEvent, format_time
+from streams.schema import FILE_EVENT_SCHEMA_URI
 
 Headers = tuple[tuple[str, bytes], ...]
 
 CE_SPECVERSION = "1.0"
 CE_SPECVERSION_BYTES = CE_SPECVERSION.encode()
 CE_TYPE_PREFIX = "storage.object."
+CE_DATASCHEMA_BYTES = FILE_EVENT_SCHEMA_URI.encode()
+"""`ce_dataschema`: the versioned JSON Schema of the value (streams.schema); one constant."""
 EVENT_TYPES = frozenset(get_args(EventType))
 HEADER_PREFIX = "header."
 ATTRIBUTE_PREFIX = "attribute."
@@ -196,6 +200,7 @@ def cloudevent_headers(
         ("ce_type", f"{CE_TYPE_PREFIX}{kind}".encode()),
         ("ce_source", f"/storage-events/{instance}/{provider}".encode()),
         ("ce_subject", key.encode()),
+        ("ce_dataschema", CE_DATASCHEMA_BYTES),
         ("content-type", b"application/json"),
     )
     if time_text is not None:

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from streams.config import ConfigError, load_settings
+from streams.kafka_settings import KafkaSettings
 from streams.records import json_line
 
 ADDED_HEADERS = frozenset({"error", "error.stage", "error.topic"})
@@ -139,7 +140,7 @@ def dead_letter(
 
 
 async def replay_dead_letters(
-    bootstrap_servers: str,
+    kafka: KafkaSettings | str,
     from_topic: str,
     to_topic: str | None = None,
     *,
@@ -151,17 +152,24 @@ async def replay_dead_letters(
 ) -> Summary:
     """Read `from_topic` to its current end and republish (or, dry, print) what is selected.
 
-    Raises ReplayError when the topic does not exist, the broker cannot be reached, or Kafka
-    did not acknowledge a republished record (the summary so far is in the message).
+    Raises ReplayError when the topic does not exist, the broker cannot be reached or refuses
+    the credentials (naming the setting), or Kafka did not acknowledge a republished record
+    (the summary so far is in the message).
     """
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
+    from streams.kafka_settings import check_access
     from streams.topics import RAW_MAX_MESSAGE_BYTES
 
+    kafka = KafkaSettings.of(kafka)
+    bootstrap_servers = kafka.bootstrap_servers
+    problem = await check_access(kafka)
+    if problem is not None:
+        raise ReplayError(problem[0])
     selection = Selection(to_topic, limit, match_error)
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap_servers,
+        **kafka.aiokafka_args(),
         client_id="storage-events-replay",
         group_id=None,
         enable_auto_commit=False,
@@ -170,13 +178,13 @@ async def replay_dead_letters(
     )
     producer: Any = None
     try:
-        partitions = await _partitions(bootstrap_servers, from_topic)
+        partitions = await _partitions(kafka, from_topic)
         if not partitions:
             raise ReplayError(f"topic {from_topic!r} does not exist at {bootstrap_servers}")
         await consumer.start()
         if not dry_run:
             producer = AIOKafkaProducer(
-                bootstrap_servers=bootstrap_servers,
+                **kafka.aiokafka_args(),
                 client_id="storage-events-replay",
                 acks="all",
                 enable_idempotence=True,
@@ -303,13 +311,11 @@ async def _copy(
             selection.summary.replayed += len(pending)
 
 
-async def _partitions(bootstrap_servers: str, topic: str) -> list[int]:
+async def _partitions(kafka: KafkaSettings, topic: str) -> list[int]:
     """The partitions of `topic`, or none when it does not exist (never creates it)."""
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=bootstrap_servers, client_id="storage-events-replay"
-    )
+    admin = AIOKafkaAdminClient(**kafka.aiokafka_args(), client_id="storage-events-replay")
     await admin.start()
     try:
         described = await admin.describe_topics()  # all topics: a broker never auto-creates
@@ -383,7 +389,7 @@ def command_replay_dead_letters(args: argparse.Namespace) -> int:
     try:
         summary = asyncio.run(
             replay_dead_letters(
-                settings.kafka.bootstrap_servers,
+                settings.kafka,
                 from_topic,
                 args.to_topic,
                 dry_run=args.dry_run,

@@ -36,6 +36,7 @@ from aiokafka.errors import (
 from aiokafka.structs import RecordMetadata
 
 from streams import failpoints, metrics
+from streams.kafka_settings import KafkaSettings
 from streams.partitioning import partition_for
 from streams.producer_errors import RENEW_ON
 from streams.progress import Progress
@@ -272,12 +273,12 @@ class RecordSender:
 
     def __init__(
         self,
-        bootstrap_servers: str,
+        kafka: KafkaSettings | str,
         client_id: str,
         progress: Progress,
         dead_letters: DeadLetters,
     ) -> None:
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = KafkaSettings.of(kafka)
         self.client_id = client_id
         self.progress = progress
         self.dead_letters = dead_letters
@@ -287,7 +288,7 @@ class RecordSender:
 
     def _new_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(
-            bootstrap_servers=self.bootstrap_servers, client_id=self.client_id, **PRODUCER_SETTINGS
+            **self.kafka.aiokafka_args(), client_id=self.client_id, **PRODUCER_SETTINGS
         )
 
     async def start(self) -> None:

@@ -13,16 +13,25 @@ each changelog partition from that offset to its end, `read_committed`, so a dat
 missing, behind or brand new ends up as the changelog says, and a transaction that was
 aborted (a crashed batch) never comes back as state.
 
+Bound to its origin (streams/binding.py): the directory records the cluster id and the
+changelog topics' ids it was restored from. A restore against another cluster, or against
+changelog topics deleted and created again under the same names, discards the local copy
+first (one log line says why) and restores it from the changelog: a stored offset means
+nothing in another topic.
+
 Bounded state: every dedupe entry carries its absolute expiry. `expired` finds entries past
 it; the worker deletes them locally and writes tombstones to the changelog, whose
 `compact,delete` policy with a retention of the longest TTL bounds the topic even if a sweep
 never ran. A restore skips entries already expired, so it can neither bring back nor renew one.
+Deleted keys' marks expire the same way (`revisions`, streams.emitting.mark_revision): past
+their grace they are deleted and tombstoned, and a restore skips them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +39,10 @@ from pathlib import Path
 
 import rocksdict
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.client import AIOKafkaClient
 
+from streams.binding import Binding, fetch_binding, mismatch, read_binding, write_binding
+from streams.kafka_settings import KafkaSettings
 from streams.records import OutRecord
 from streams.sending import Acknowledged
 
@@ -47,6 +59,17 @@ ExpiryReader = Callable[[bytes], float | None]
 """Reads the absolute expiry (epoch seconds) out of a stored value; None if it has none."""
 Writes = Mapping[tuple[str, int], Mapping[bytes, bytes | None]]
 """(table, partition) -> key -> value, or None to delete."""
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """What a sweep does to one entry: write `value`, or delete the entry (None)."""
+
+    value: bytes | None
+
+
+Reviser = Callable[[bytes, bytes], Revision | None]
+"""(key, stored value) -> the entry's revision, None to keep it as it is."""
 
 
 def _open(path: Path) -> rocksdict.Rdict:
@@ -81,6 +104,8 @@ class StateStore:
         self._changelogs = dict(changelogs)
         self._tables_by_changelog = {topic: table for table, topic in self._changelogs.items()}
         self._dbs: dict[tuple[str, int], rocksdict.Rdict] = {}
+        self._cursors: dict[tuple[str, int], bytes] = {}
+        """Per database, the key where the next `revisions` scan starts."""
 
     @property
     def tables(self) -> list[str]:
@@ -108,6 +133,37 @@ class StateStore:
 
     def close(self) -> None:
         self.open(())
+
+    def _databases(self) -> list[Path]:
+        """Every table database in the directory, open or not, of any partition."""
+        return sorted(
+            path for table in self._changelogs for path in self.directory.glob(f"{table}-*.db")
+        )
+
+    def bind(self, current: Binding) -> str | None:
+        """Make the local state `current`'s: a copy written against another cluster or other
+        changelog topics is deleted (closed first), so that a restore reads it all again.
+        Returns why it was discarded, None when it was kept (or there was none)."""
+        stored = read_binding(self.directory)
+        reason = mismatch(stored, current, has_state=bool(self._databases()))
+        if reason is not None:
+            self.close()
+            for path in self._databases():
+                shutil.rmtree(path)
+            log.warning(
+                "local state in %s discarded, restoring it from the changelogs: %s",
+                self.directory,
+                reason,
+            )
+        if stored != current:
+            if any(topic_id is None for topic_id in current.topic_ids.values()):
+                log.warning(
+                    "the brokers give no topic ids (Metadata v12): local state in "
+                    "%s is bound to the cluster id only, not to the changelog topics",
+                    self.directory,
+                )
+            write_binding(self.directory, current)
+        return reason
 
     def get(self, table: str, partition: int, key: bytes) -> bytes | None:
         value: bytes | None = self._dbs[(table, partition)].get(key)
@@ -164,9 +220,37 @@ class StateStore:
                 if found >= limit:
                     return
 
+    def revisions(
+        self, table: str, partition: int, limit: int, revise: Reviser, scan: int | None = None
+    ) -> dict[bytes, bytes | None]:
+        """Up to `limit` entries of `table` in `partition` that `revise` changes: key -> the
+        new value, None to delete (the `marks` sweep: streams.emitting.mark_revision).
+
+        Reads at most `scan` entries, from where the previous call stopped to the end of the
+        database (the next call starts over), so that a sweep of a table of millions of
+        live keys holds the emit stage up for a bounded time, and covers it in turns."""
+        place = (table, partition)
+        db = self._dbs.get(place)
+        found: dict[bytes, bytes | None] = {}
+        if db is None:
+            return found
+        start = self._cursors.pop(place, None)
+        read = 0
+        for key, value in db.items(from_key=start) if start is not None else db.items():
+            if not isinstance(key, bytes) or key == OFFSET_KEY:
+                continue
+            if (scan is not None and read >= scan) or len(found) >= limit:
+                self._cursors[place] = key
+                break
+            read += 1
+            revision = revise(key, value)
+            if revision is not None:
+                found[key] = revision.value
+        return found
+
     async def restore(
         self,
-        bootstrap_servers: str,
+        kafka: KafkaSettings | str,
         partitions: Iterable[int],
         expiry_of: Mapping[str, ExpiryReader],
     ) -> Restored:
@@ -176,6 +260,20 @@ class StateStore:
         are deleted rather than restored."""
         started = time.monotonic()
         partitions = sorted(partitions)
+        if not partitions:
+            self.close()
+            return Restored(0, 0, 0.0)
+        client_options = {
+            **KafkaSettings.of(kafka).aiokafka_args(),
+            "client_id": "storage-events-restore",
+        }
+        client = AIOKafkaClient(**client_options)
+        try:
+            await client.bootstrap()
+            current = await fetch_binding(client, self._changelogs.values())
+        finally:
+            await client.close()
+        self.bind(current)
         self.open(partitions)
         places = {
             TopicPartition(self._changelogs[table], partition): (table, partition)
@@ -185,8 +283,7 @@ class StateStore:
         if not places:
             return Restored(0, 0, 0.0)
         consumer = AIOKafkaConsumer(
-            bootstrap_servers=bootstrap_servers,
-            client_id="storage-events-restore",
+            **client_options,
             group_id=None,
             enable_auto_commit=False,
             isolation_level="read_committed",

@@ -9,17 +9,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from streams.config import Settings
+from streams.kafka_settings import KafkaAccessError, KafkaSettings, check_access
 
 log = logging.getLogger(__name__)
 
 DAY_MS = 24 * 3600 * 1000
+MIN_INSYNC_REPLICAS = "min.insync.replicas"
+"""Set on every topic the stream creates, from `stream.min_insync_replicas`."""
 SEEN_TABLE = "seen"
 MARKS_TABLE = "marks"
 
@@ -136,22 +139,29 @@ def topology(settings: Settings) -> list[TopicSpec]:
                 "stale",
             )
         )
-    return specs
+    # Every topic, internal ones included: a changelog or the repartition topic that took a
+    # write from one replica alone could lose it with that broker (the broker's default is 1).
+    in_sync = {MIN_INSYNC_REPLICAS: str(stream.min_insync_replicas)}
+    return [replace(spec, config={**spec.config, **in_sync}) for spec in specs]
 
 
 async def ensure_topics(
-    bootstrap_servers: str, specs: list[TopicSpec], retry_for_s: float | None = None
+    kafka: KafkaSettings | str, specs: list[TopicSpec], retry_for_s: float | None = None
 ) -> list[str]:
     """Create the topics that do not exist yet; return their names.
 
     Retries while the broker is unreachable (for `retry_for_s`, or forever when None), so a
-    worker started before its broker waits for it instead of failing.
+    worker started before its broker waits for it instead of failing. A broker that refuses
+    the credentials or whose certificate is not trusted raises KafkaAccessError at once
+    (naming the setting): waiting would not change it.
     """
+    kafka = KafkaSettings.of(kafka)
+    problem = await check_access(kafka)  # before a client logs its own lines about it
+    if problem is not None and problem[1]:
+        raise KafkaAccessError(problem[0])
     delay, waited = 0.5, 0.0
     while True:
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=bootstrap_servers, client_id="storage-events-topics"
-        )
+        admin = AIOKafkaAdminClient(**kafka.aiokafka_args(), client_id="storage-events-topics")
         try:
             await admin.start()
             existing = set(await admin.list_topics())
@@ -172,10 +182,18 @@ async def ensure_topics(
             await _warn_of_lower_limits(admin, [spec for spec in specs if spec.name in existing])
             return [spec.name for spec in missing]
         except KafkaConnectionError as exc:
+            problem = await check_access(kafka)
+            if problem is not None and problem[1]:
+                raise KafkaAccessError(problem[0]) from None
             if retry_for_s is not None and waited >= retry_for_s:
+                if problem is not None:
+                    raise KafkaAccessError(problem[0]) from None
                 raise
             log.warning(
-                "Kafka at %s not reachable (%s); retrying in %.1f s", bootstrap_servers, exc, delay
+                "Kafka at %s not reachable (%s); retrying in %.1f s",
+                kafka.bootstrap_servers,
+                problem[0] if problem else exc,
+                delay,
             )
         except KafkaError as exc:
             if retry_for_s is not None and waited >= retry_for_s:

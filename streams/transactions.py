@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
 
 from streams import failpoints, metrics
+from streams.kafka_settings import KafkaSettings
 from streams.progress import Progress
 from streams.records import OutRecord
 from streams.sending import (
@@ -90,9 +91,9 @@ class PartitionTransactions:
     """Transactional producers of the emit stage, one per input partition."""
 
     def __init__(
-        self, bootstrap_servers: str, app_id: str, group_id: str, progress: Progress
+        self, kafka: KafkaSettings | str, app_id: str, group_id: str, progress: Progress
     ) -> None:
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = KafkaSettings.of(kafka)
         self.app_id = app_id
         self.group_id = group_id
         self.progress = progress
@@ -102,7 +103,7 @@ class PartitionTransactions:
         producer = self._producers.get(partition)
         if producer is None:
             producer = AIOKafkaProducer(
-                bootstrap_servers=self.bootstrap_servers,
+                **self.kafka.aiokafka_args(),
                 client_id=f"{self.app_id}-emit-{partition}",
                 transactional_id=f"{self.app_id}-emit-{partition}",
                 **PRODUCER_SETTINGS,

@@ -30,6 +30,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
+import socket
 import sys
 import threading
 import time
@@ -42,23 +44,34 @@ from typing import Any
 import faust
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from streams import failpoints, metrics
 from streams.config import ConfigError, Settings, load_settings
 from streams.consuming import Batch, BatchLoop
 from streams.emitting import (
     MARKS,
+    MARKS_SWEEP_SCAN,
     SEEN,
     EmitPlan,
     KeyedInput,
     PendingState,
     decode_expiry,
     dedupe_key,
+    deleted_mark_grace,
+    mark_forget_at,
+    mark_instance,
+    mark_revision,
     plan_batch,
 )
+from streams.engine.consumer import RdBatchLoop, consumer_config
+from streams.engine.producer import RdRecordSender
+from streams.engine.transactions import MemberTransactions, PartitionsMoved
+from streams.kafka_settings import KafkaAccessError, KafkaRefusalWording
+from streams.logs import install_kafka_log_filter
+from streams.membership import Departure
 from streams.offsets import adopt_committed_offsets
-from streams.progress import EXIT_STOP_TIMEOUT, STOP_GRACE_S, Progress, Stopping
+from streams.progress import EXIT_STOP_TIMEOUT, STOP_GRACE_S, Progress, StallWatch, Stopping
 from streams.records import (
     OutRecord,
     RawRecord,
@@ -70,13 +83,17 @@ from streams.records import (
 from streams.routing import route
 from streams.rules import open_instances_warning
 from streams.sending import DeadLetters, RecordSender
-from streams.store import SWEEP_FLUSH_KEYS, StateStore
+from streams.status import ProgressReporter
+from streams.store import SWEEP_FLUSH_KEYS, Revision, StateStore
 from streams.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
 from streams.transactions import PartitionTransactions, RecordsRefused
 
 log = logging.getLogger(__name__)
 
 SWEEP_LIMIT = 50_000
+HEARTBEAT_MAX_S = 1.0
+"""A stage member learns of a rebalance (another member joined or left) at its next
+heartbeat: at most this long, whatever the session timeout (45 s in k8s would give 9 s)."""
 MAX_PARTS_IN_FLIGHT = 2
 """Per partition: emit parts planned ahead while earlier ones are written."""
 FINISH_SHARE = 0.5
@@ -112,23 +129,39 @@ def _check_data_dir(path: Path) -> None:
 
 settings = _load()
 _check_data_dir(settings.stream.data_dir)
+install_kafka_log_filter()  # an outage: one line per cause every few seconds (streams.logs)
 
 
 def _consumer(group_id: str, member: str) -> AIOKafkaConsumer:
     stream = settings.stream
     return AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka.bootstrap_servers,
+        **settings.kafka.aiokafka_args(),
         client_id=f"{stream.app_id}-{member}",
         group_id=group_id,
         group_instance_id=(
             f"{stream.group_instance_id}-{member}" if stream.group_instance_id else None
         ),
         session_timeout_ms=int(stream.session_timeout_s * 1000),
-        heartbeat_interval_ms=int(stream.session_timeout_s * 1000 / 5),
+        heartbeat_interval_ms=int(min(stream.session_timeout_s / 5, HEARTBEAT_MAX_S) * 1000),
         enable_auto_commit=False,
         auto_offset_reset="earliest",
         isolation_level="read_committed",
         max_partition_fetch_bytes=4 * 1024 * 1024,
+    )
+
+
+def _rd_consumer_config(group_id: str, member: str) -> dict[str, Any]:
+    """The librdkafka engine's stage member (streams.engine.consumer)."""
+    stream = settings.stream
+    return consumer_config(
+        settings.kafka.librdkafka_config(),
+        client_id=f"{stream.app_id}-{member}",
+        group_id=group_id,
+        group_instance_id=(
+            f"{stream.group_instance_id}-{member}" if stream.group_instance_id else None
+        ),
+        group_protocol=stream.group_protocol,
+        session_timeout_s=stream.session_timeout_s,
     )
 
 
@@ -170,21 +203,41 @@ class Pipeline:
         """Called with the stage's name when work running outside a stage's loop fails."""
         self.normalize_group = f"{stream.app_id}-normalize"
         self.emit_group = f"{stream.app_id}-emit"
+        self.departure = Departure(
+            settings.kafka, stream.app_id, stream.group_instance_id, stream.leave_group_on_stop, log
+        )
+        """Whether this worker leaves its groups for good when it stops (streams.membership)."""
         self.progress = Progress()
+        metrics.start_at_zero(
+            [instance.name for instance in settings.instances],
+            [spec.name for spec in topology(settings) if spec.role != "raw"],
+        )
+        self.stalls = {name: StallWatch(self.progress, name) for name in ("normalize", "emit")}
+        """Per stage: whether its consumer handles what waits (streams.progress)."""
+        self.reporter = ProgressReporter()
+        """The progress line logged every `stream.progress_interval_s` (streams.status)."""
+        self.restoring: dict[str, object] = {}
+        """The emit stage's last restore, for `/ready` and `python -m streams status`."""
         self.dead_letters = DeadLetters(stream.dead_letter_topic, "emit")
-        self.sender = RecordSender(
-            settings.kafka.bootstrap_servers,
-            f"{stream.app_id}-sender",
-            self.progress,
-            self.dead_letters,
-        )
-        self.transactions = (
-            PartitionTransactions(
-                settings.kafka.bootstrap_servers, stream.app_id, self.emit_group, self.progress
+        librdkafka = stream.engine == "librdkafka"  # the same stages on other clients
+        self.sender: RecordSender | RdRecordSender = (
+            RdRecordSender if librdkafka else RecordSender
+        )(settings.kafka, f"{stream.app_id}-sender", self.progress, self.dead_letters)
+        self.transactions: PartitionTransactions | MemberTransactions | None = None
+        if stream.processing_guarantee == "exactly_once":
+            self.transactions = (
+                MemberTransactions(
+                    settings.kafka,
+                    stream.app_id,
+                    stream.group_instance_id or f"{socket.gethostname()}-{os.getpid()}",
+                    self._group_metadata,
+                    self.progress,
+                )
+                if librdkafka
+                else PartitionTransactions(
+                    settings.kafka, stream.app_id, self.emit_group, self.progress
+                )
             )
-            if stream.processing_guarantee == "exactly_once"
-            else None
-        )
         self.sweeping: asyncio.Task[Any] | None = None
         """The dedupe sweep running now, to cancel on stop."""
         changelogs = {
@@ -204,26 +257,73 @@ class Pipeline:
         self._emitting: dict[int, list[_Part]] = {}
         """Per partition, the emit parts planned but not yet in the local state, oldest first."""
         within_ms = int(stream.batch_within_s * 1000)
-        self.normalize = BatchLoop(
-            "normalize",
-            _consumer(self.normalize_group, "normalize"),
-            [topic.name for topic in stream.raw_topics],
-            self.handle_raw_batch,
-            commits_offsets=True,
-            max_records=stream.batch_size,
-            within_ms=within_ms,
-        )
-        self.emit = BatchLoop(
-            "emit",
-            _consumer(self.emit_group, "emit"),
-            [stream.repartition_topic],
-            self.handle_keyed_batch,
-            commits_offsets=self.transactions is None,
-            max_records=stream.batch_size,
-            within_ms=within_ms,
-            on_assigned=self.restore,
-            drain=self.drain_emits,
-        )
+        self.normalize: BatchLoop | RdBatchLoop
+        self.emit: BatchLoop | RdBatchLoop
+        if librdkafka:
+            self.normalize = RdBatchLoop(
+                "normalize",
+                _rd_consumer_config(self.normalize_group, "normalize"),
+                [topic.name for topic in stream.raw_topics],
+                self.handle_raw_batch,
+                commits_offsets=True,
+                max_records=stream.batch_size,
+                within_ms=within_ms,
+            )
+            transactions = self.transactions
+            self.emit = RdBatchLoop(
+                "emit",
+                _rd_consumer_config(self.emit_group, "emit"),
+                [stream.repartition_topic],
+                self.handle_keyed_batch,
+                commits_offsets=transactions is None,
+                max_records=stream.batch_size,
+                within_ms=within_ms,
+                on_assigned=self.restore,
+                release=self.release,
+                drain=self.drain_emits,
+                resume=(
+                    transactions.resume if isinstance(transactions, MemberTransactions) else None
+                ),
+            )
+        else:
+            self.normalize = BatchLoop(
+                "normalize",
+                _consumer(self.normalize_group, "normalize"),
+                [topic.name for topic in stream.raw_topics],
+                self.handle_raw_batch,
+                commits_offsets=True,
+                max_records=stream.batch_size,
+                within_ms=within_ms,
+            )
+            self.emit = BatchLoop(
+                "emit",
+                _consumer(self.emit_group, "emit"),
+                [stream.repartition_topic],
+                self.handle_keyed_batch,
+                commits_offsets=self.transactions is None,
+                max_records=stream.batch_size,
+                within_ms=within_ms,
+                on_assigned=self.restore,
+                drain=self.drain_emits,
+            )
+
+    def _group_metadata(self) -> object:
+        """The emit member's group metadata, for its transactions (exactly-once v2)."""
+        assert isinstance(self.emit, RdBatchLoop)
+        return self.emit.group_metadata
+
+    def release(self, kept: set[TopicPartition]) -> None:
+        """Partitions revoked or lost (librdkafka engine, incremental): close their local
+        state; the partitions kept stay open and keep flowing."""
+        self.store.open(tp.partition for tp in kept)
+
+    async def close_consumers(self, timeout_s: float = 10.0) -> None:
+        """Leave the groups before a dying worker goes down, so it is assigned nothing
+        meanwhile (librdkafka engine; aiokafka's consumers close with the worker)."""
+        for loop in (self.normalize, self.emit):
+            if isinstance(loop, RdBatchLoop):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(loop.stop(), timeout_s)
 
     @property
     def ready(self) -> bool:
@@ -233,16 +333,24 @@ class Pipeline:
         await self.sender.start()
         for group, loop in ((self.normalize_group, self.normalize), (self.emit_group, self.emit)):
             await _adopt_offsets(group, loop.topics, self.progress)
-            await _start_consumer(loop.consumer, self.progress)
+            if isinstance(loop, BatchLoop):
+                await _start_consumer(loop.consumer, self.progress)
+            else:
+                await loop.start()
 
     async def stop(self, deadline: float) -> None:
         """Close the clients, each within what is left until `deadline` (loop time): one that
         cannot finish in time (Kafka away) is abandoned. The state store is closed anyway."""
         loop = asyncio.get_running_loop()
         closing: list[tuple[str, Callable[[], Awaitable[None]]]] = [
-            (f"the {stage.name} consumer", stage.consumer.stop)
+            (
+                f"the {stage.name} consumer",
+                stage.consumer.stop if isinstance(stage, BatchLoop) else stage.stop,
+            )
             for stage in (self.normalize, self.emit)
         ]
+        if self.departure.leaving:  # a scale-in: its partitions move now, not in a session
+            closing.append(("leaving the groups", self.departure.leave_stage_groups))
         if self.transactions is not None:
             closing.append(("the transactional producers", self.transactions.stop))
         closing.append(("the producer", self.sender.stop))
@@ -267,6 +375,19 @@ class Pipeline:
         if self.sweeping is not None:
             self.sweeping.cancel()
 
+    async def watch_stalls(self) -> None:
+        """Tell each stage's StallWatch what its consumer did (records handled, lag, when
+        Kafka last answered a fetch); a stage without its partitions is not watched."""
+        for loop in (self.normalize, self.emit):
+            watch = self.stalls[loop.name]
+            if loop.ready:
+                handled, lag, answered_at = await _consumer_view(loop)
+                watch.sample(handled, lag, answered_at)
+                if lag is not None:
+                    metrics.STAGE_LAG.labels(loop.name).set(lag)
+            else:
+                watch.reset()
+
     def status(self) -> dict[str, dict[str, object]]:
         """Per stage: whether it has its partitions (and state), and what it is stuck on."""
         stuck = self.progress.stuck()
@@ -274,6 +395,8 @@ class Pipeline:
             loop.name: {"assigned": loop.ready, **stuck.pop(loop.name, {})}
             for loop in (self.normalize, self.emit)
         }
+        if self.restoring:
+            stages["emit"]["restore"] = dict(self.restoring)
         stages.update(stuck)  # the sweep
         return stages
 
@@ -281,20 +404,35 @@ class Pipeline:
         """Before the emit stage handles a partition: fence its earlier owner (exactly_once),
         then bring its state up to the end of the changelog."""
         partitions = {tp.partition for tp in assigned}
+        self.restoring = {
+            "state": "restoring",
+            "partitions": sorted(partitions),
+            "since": time.time(),
+        }
+        metrics.RESTORING.set(len(partitions))  # 0 again below (the process ends otherwise)
         if self.transactions is not None:
             await self.transactions.prepare(partitions)
         delay = 0.5
         while True:
             try:
                 restored = await self.store.restore(
-                    settings.kafka.bootstrap_servers, partitions, {SEEN: decode_expiry}
+                    settings.kafka, partitions, {SEEN: decode_expiry, MARKS: mark_forget_at}
                 )
                 break
             except KafkaError as exc:  # Kafka away: what was applied stays, the rest is read again
                 self.progress.trouble("emit", "restore", f"restoring state failed ({exc!r})")
                 await self.progress.pause(delay)
                 delay = min(delay * 2, 5.0)
+        metrics.RESTORING.set(0)
+        metrics.RESTORE_SECONDS.observe(restored.seconds)
+        metrics.RESTORED_RECORDS.inc(restored.records)
         self.progress.recovered("emit")
+        self.restoring = {
+            "state": "restored",
+            "partitions": sorted(partitions),
+            "records": restored.records,
+            "seconds": round(restored.seconds, 3),
+        }
         log.info(
             "state of %d partitions restored: %d changelog records in %.2f s",
             restored.partitions,
@@ -435,6 +573,13 @@ class Pipeline:
             for instance, received_at in plan.received_at:
                 with contextlib.suppress(ValueError):  # a bridge's unreadable received-at header
                     metrics.LATENCY.labels(instance).observe(acknowledged_at - float(received_at))
+        except PartitionsMoved:
+            # librdkafka engine: the transaction was aborted, the group moved on. Nothing of
+            # it is applied; the member rewinds to the committed offsets (never a crash).
+            with contextlib.suppress(ValueError):
+                self._emitting[tp.partition].remove(part)
+            if isinstance(self.emit, RdBatchLoop):
+                self.emit.moved()
         except Stopping:
             raise
         except Exception as exc:
@@ -495,25 +640,82 @@ class Pipeline:
                 plan.outputs[index] = replacement
 
     async def sweep(self, now: float) -> None:
-        """Forget dedupe entries past their TTL, locally and (by tombstones) in the changelog."""
+        """Forget dedupe entries past their TTL and deleted keys' marks past their grace
+        (stamping those written before marks expired: streams.emitting.mark_revision),
+        locally and (by tombstones) in the changelog."""
         writes: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
+
+        def revise(key: bytes, stored: bytes) -> Revision | None:
+            return mark_revision(key, stored, now, self.mark_grace)
+
         for partition in self.store.partitions():
             expired = list(self.store.expired(SEEN, partition, now, SWEEP_LIMIT, decode_expiry))
             if expired:
                 writes[(SEEN, partition)] = dict.fromkeys(expired)
+            revised = self.store.revisions(MARKS, partition, SWEEP_LIMIT, revise, MARKS_SWEEP_SCAN)
+            if revised:
+                writes[(MARKS, partition)] = revised
         if not writes:
             return
 
         def drop(record: OutRecord, reason: str) -> None:
             assert record.partition is not None and record.key is not None
-            writes[(SEEN, record.partition)].pop(record.key, None)  # kept, for a later sweep
+            table = self.tables_by_changelog[record.topic]
+            writes[(table, record.partition)].pop(record.key, None)  # kept, for a later sweep
 
         sent = await self.sender.send_all(self.store.changelog_records(writes), "sweep", drop)
         self.store.apply(writes, sent.acknowledged)
         for (table, partition), keys in writes.items():
             if len(keys) >= SWEEP_FLUSH_KEYS:
                 self.store.flush(table, partition)
-        metrics.EXPIRED.inc(sum(len(keys) for keys in writes.values()))
+        metrics.EXPIRED.inc(sum(len(keys) for (table, _), keys in writes.items() if table == SEEN))
+        marks = [
+            value
+            for (table, _), keys in writes.items()
+            if table == MARKS
+            for value in keys.values()
+        ]
+        if marks:
+            log.info(
+                "forgot %d deleted keys' marks past their grace; stamped %d older ones",
+                sum(value is None for value in marks),
+                sum(value is not None for value in marks),
+            )
+
+    def mark_grace(self, key: bytes) -> float:
+        """The grace of a `marks` key's instance (streams.emitting.deleted_mark_grace)."""
+        return deleted_mark_grace(settings, mark_instance(key))
+
+
+async def _consumer_view(
+    loop: BatchLoop | RdBatchLoop,
+) -> tuple[float, int | None, float | None]:
+    """A stage's records handled so far, its lag (records between its position and the end
+    it may read, over the partitions whose end is known; None if none is), and when Kafka
+    last answered one of its fetches (monotonic time, None if never)."""
+    handled = REGISTRY.get_sample_value("storage_events_stage_records_total", {"stage": loop.name})
+    if isinstance(loop, RdBatchLoop):
+        rd_lag, rd_answered_at = await loop.view()
+        return handled or 0.0, rd_lag, rd_answered_at
+    consumer = loop.consumer
+    lag: int | None = None
+    polled_ms: int | None = None
+    for tp in consumer.assignment():
+        polled = consumer.last_poll_timestamp(tp)
+        if polled is not None:
+            polled_ms = max(polled_ms or 0, polled)
+        end = consumer.last_stable_offset(tp)
+        end = consumer.highwater(tp) if end is None or end < 0 else end
+        if end is None:
+            continue
+        try:
+            async with asyncio.timeout(0.2):  # known at once unless it is being reset
+                position = await consumer.position(tp)
+        except (TimeoutError, KafkaError, AssertionError):
+            continue
+        lag = (lag or 0) + max(0, end - position)
+    answered_at = None if polled_ms is None else time.monotonic() - (time.time() - polled_ms / 1000)
+    return handled or 0.0, lag, answered_at
 
 
 async def _adopt_offsets(group: str, topics: list[str], progress: Progress) -> None:
@@ -521,9 +723,7 @@ async def _adopt_offsets(group: str, topics: list[str], progress: Progress) -> N
     delay = 0.5
     while True:
         try:
-            await adopt_committed_offsets(
-                settings.kafka.bootstrap_servers, settings.stream.app_id, group, topics
-            )
+            await adopt_committed_offsets(settings.kafka, settings.stream.app_id, group, topics)
             return
         except KafkaError as exc:
             log.warning("reading committed offsets failed (%r); retrying in %.1f s", exc, delay)
@@ -548,8 +748,17 @@ class StreamsApp(faust.App):
 
     async def on_first_start(self) -> None:
         # Retries (and says so) while Kafka is unreachable: a worker started before its
-        # broker waits for it.
-        created = await ensure_topics(settings.kafka.bootstrap_servers, topology(settings))
+        # broker waits for it. Refused credentials or an untrusted certificate stop it with
+        # one line naming the setting (exit 2): waiting would not change them. Later, the
+        # clients' own lines about them are reworded (KafkaRefusalWording).
+        KafkaRefusalWording(settings.kafka).install()
+        log.info("Kafka: %s", settings.kafka.describe())
+        try:
+            created = await ensure_topics(settings.kafka, topology(settings))
+        except KafkaAccessError as exc:
+            # fd 2 itself: Faust redirects sys.stderr into its logger.
+            os.write(2, f"storage-events: {exc}\n".encode())
+            os._exit(2)
         if created:
             log.info("created topics: %s", ", ".join(created))
         await super().on_first_start()
@@ -557,7 +766,7 @@ class StreamsApp(faust.App):
 
 app = StreamsApp(
     settings.stream.app_id,
-    broker=[f"kafka://{host.strip()}" for host in settings.kafka.bootstrap_servers.split(",")],
+    **settings.kafka.faust_args(),  # broker URLs and broker_credentials (TLS, SASL)
     datadir=str(settings.stream.data_dir),
     web_port=settings.stream.web_port,
     web_host="0.0.0.0",
@@ -567,6 +776,9 @@ app = StreamsApp(
     # at once instead of waiting out its previous life's session.
     consumer_group_instance_id=settings.stream.group_instance_id,
     broker_session_timeout=settings.stream.session_timeout_s,
+    # The one topic Faust creates itself (`<app id>-__assignor-__leader`, which its consumer
+    # reads): as many replicas as the stream's own, or it is lost with one broker.
+    topic_replication_factor=settings.stream.replication_factor,
     broker_heartbeat_interval=settings.stream.session_timeout_s / 5,
 )
 running: Pipeline | None = None
@@ -585,6 +797,8 @@ class PipelineService(faust.Service):
         if open_instances is not None:
             log.warning("%s", open_instances)
         running = Pipeline(self._stop_on_failure)
+        # SIGUSR1 = stop and leave the groups for good (in place of mode's stack dump).
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, running.departure.on_signal)
         await running.start()
         self._stages = [
             asyncio.ensure_future(self._run(loop)) for loop in (running.normalize, running.emit)
@@ -632,7 +846,7 @@ class PipelineService(faust.Service):
         if running is not None:
             await running.stop(deadline)
 
-    async def _run(self, loop: BatchLoop) -> None:
+    async def _run(self, loop: BatchLoop | RdBatchLoop) -> None:
         try:
             await loop.run()
         except asyncio.CancelledError:
@@ -651,7 +865,17 @@ class PipelineService(faust.Service):
             return
         self._failed = True
         log.error("the %s stage failed; stopping the worker", stage, exc_info=exc)
+        if running is not None:
+            await running.close_consumers()  # a dying worker is assigned nothing
         await app.crash(exc)
+
+
+@app.timer(interval=settings.stream.progress_interval_s)  # type: ignore[untyped-decorator]
+async def log_progress() -> None:
+    """One line per interval: records/s per stage, lag, dead letters (streams.status)."""
+    if running is None or running.progress.stopping:
+        return
+    log.info("%s", running.reporter.line())
 
 
 @app.timer(interval=settings.stream.dedupe_sweep_interval_s)  # type: ignore[untyped-decorator]
@@ -672,6 +896,14 @@ async def sweep_expired_ids() -> None:
             raise
     finally:
         running.sweeping = None
+
+
+@app.timer(interval=1.0)  # type: ignore[untyped-decorator]
+async def watch_stalls() -> None:
+    """A stage that handles nothing while records wait, or that Kafka does not answer, is
+    reported (log, `storage_events_stage_stuck`, `/ready`)."""
+    if running is not None and not running.progress.stopping:
+        await running.watch_stalls()
 
 
 @app.page("/metrics")

@@ -3,7 +3,9 @@
 1. `KAFKA_BOOTSTRAP_SERVERS`, when set: an external broker, used as is;
 2. testcontainers' Kafka module, when a Docker engine answers;
 3. the project's own local broker (dev/kafka/localkafka.py), started fresh for the session on
-   a free port, in ~/.cache/storage-events/test-kafka/<port>/, and stopped afterwards.
+   a free port, in ~/.cache/storage-events/test-kafka/<port>/ (STORAGE_EVENTS_TEST_KAFKA_DIR
+   moves it), and stopped afterwards. Its directory (with `broker.log`) is deleted when every
+   test passed and kept, its path printed last, when one failed (until the next session).
 """
 
 from __future__ import annotations
@@ -17,8 +19,14 @@ from pathlib import Path
 
 import pytest
 from support.local_broker import LOCAL_KAFKA, free_port_pair, kafka_version
+from support.secured_broker import mtls_kafka, secured_kafka  # noqa: F401  (fixtures)
 
-TEST_BROKER_DIR = Path.home() / ".cache" / "storage-events" / "test-kafka"
+TEST_BROKER_DIR = Path(
+    os.environ.get("STORAGE_EVENTS_TEST_KAFKA_DIR")
+    or Path.home() / ".cache" / "storage-events" / "test-kafka"
+)
+BROKER_DIR = pytest.StashKey[Path]()
+"""The local broker's directory this session started, for pytest_sessionfinish."""
 OWNER_FILE = "owner.pid"
 
 _broker_description: list[str] = []
@@ -85,13 +93,29 @@ def pytest_report_header(config: pytest.Config) -> str:
     )
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The session's local broker was stopped by its fixture: delete its directory if every
+    test passed, else keep it and say where its log is (the summary prints this last)."""
+    broker_dir = session.config.stash.get(BROKER_DIR, None)
+    if broker_dir is None:
+        return
+    if exitstatus == pytest.ExitCode.OK:
+        shutil.rmtree(broker_dir, ignore_errors=True)
+        _broker_description.append("its directory and broker log were deleted: every test passed")
+        return
+    (broker_dir / OWNER_FILE).unlink(missing_ok=True)  # the next session may reap it
+    _broker_description.append(
+        f"broker log kept (tests failed), until the next test session: {broker_dir / 'broker.log'}"
+    )
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for line in _broker_description:
         terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
-def kafka_bootstrap() -> Iterator[str]:
+def kafka_bootstrap(request: pytest.FixtureRequest) -> Iterator[str]:
     """The bootstrap address of a real Kafka broker for the whole session."""
     choice = broker_choice()
     if choice == "external":
@@ -129,12 +153,12 @@ def kafka_bootstrap() -> Iterator[str]:
     bootstrap = started.stdout.strip().splitlines()[-1]
     _broker_description.append(
         f"integration tests ran against Apache Kafka {kafka_version()} (KRaft) at {bootstrap}, "
-        f"started by the test session; broker log: {broker_dir / 'broker.log'}"
+        f"started by the test session in {broker_dir}"
     )
+    request.config.stash[BROKER_DIR] = broker_dir
     try:
         yield bootstrap
     finally:
         subprocess.run(
             [sys.executable, str(LOCAL_KAFKA), "stop"], env=env, check=False, capture_output=True
         )
-        shutil.rmtree(broker_dir, ignore_errors=True)

@@ -9,10 +9,35 @@ this before any virtualenv exists.
     python3 dev/kafka/localkafka.py stop     # stop it (says so, exit 0, when none runs)
     python3 dev/kafka/localkafka.py status
     python3 dev/kafka/localkafka.py fetch    # only resolve the jars
+    python3 dev/kafka/localkafka.py start --brokers 3   # a local three-broker cluster (below)
+    python3 dev/kafka/localkafka.py env      # the client settings (client.env), for `eval`
+    python3 dev/kafka/localkafka.py start --security sasl_ssl   # TLS + SCRAM-SHA-512 + ACLs
+    python3 dev/kafka/localkafka.py start --security ssl        # mutual TLS + ACLs
+
+Security (`--security` or LOCAL_KAFKA_SECURITY; `make kafka KAFKA_SECURITY=...`):
+    plaintext  (default) a PLAINTEXT listener, no authorizer
+    sasl_ssl   a SASL_SSL listener, SCRAM-SHA-512, ACLs on (StandardAuthorizer)
+    ssl        an SSL listener requiring a client certificate (mutual TLS), ACLs on
+A CA, the broker's certificate and an `admin` client certificate are generated once per state
+directory (<dir>/tls/*.pem); the SCRAM user `admin` is created when the storage is formatted;
+User:admin is a super user (so are User:broker, the broker itself, and User:ANONYMOUS, which
+only the PLAINTEXT controller listener on 127.0.0.1 yields). Every start writes
+<dir>/client.env: `set -a; . <dir>/client.env` points any command of the product at it.
+
+A cluster (`--brokers N` or LOCAL_KAFKA_BROKERS; `make kafka KAFKA_BROKERS=3`): N nodes, each a
+broker AND a KRaft controller (combined mode, N controllers: the quorum survives losing any one
+node), clients on LOCAL_KAFKA_PORT (default 19092) .. + N - 1, controllers on the next N ports,
+a 512m heap each, state in LOCAL_KAFKA_DIR (default ~/.cache/storage-events/kafka-cluster-<port>)
+/node-<i>/; internal topics replicated N times, min.insync.replicas 2. `start` starts the nodes
+that are not running (so it also brings back one that was killed) and prints the bootstrap of
+all N last; `stop` and `status` take the same --brokers. Plaintext only.
 
 Environment (all optional):
-    LOCAL_KAFKA_DIR   state directory: libs cache, data, pid file, broker.log
-                      (default ~/.cache/storage-events/kafka)
+    LOCAL_KAFKA_DIR   state directory: libs cache, data, pid file, broker.log, client.env
+                      (default ~/.cache/storage-events/kafka, or .../kafka-<port> when
+                      LOCAL_KAFKA_PORT is not 9092: moving the port moves the broker, it never
+                      rewrites one that runs). A directory whose broker runs on another port or
+                      with other security is refused, naming that broker's pid and port.
     LOCAL_KAFKA_PORT  client port on 127.0.0.1 (default 9092); the controller uses port + 1
     LOCAL_KAFKA_HEAP  JVM heap (default 1g: the broker is one of several processes on a
                       2-core / 24 GiB machine)
@@ -22,11 +47,16 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
+import dataclasses
 import os
 import re
+import secrets
+import shlex
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import sys
@@ -35,12 +65,23 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+if __package__:
+    from . import tls
+else:  # run as a script: `python3 dev/kafka/localkafka.py`
+    import tls
+
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
 LOG4J_CONFIG = HERE / "log4j2.properties"
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
+DEFAULT_PORT = 9092
+SECURITY_MODES = ("plaintext", "sasl_ssl", "ssl")
+LISTENER = {"plaintext": "PLAINTEXT", "sasl_ssl": "SASL_SSL", "ssl": "SSL"}
+SASL_MECHANISM = "SCRAM-SHA-512"
+ADMIN_USER = "admin"
+SUPER_USERS = f"User:{ADMIN_USER};User:{tls.BROKER_NAME};User:ANONYMOUS"
 
 
 class LocalKafkaError(Exception):
@@ -61,16 +102,23 @@ class Layout:
     root: Path
     port: int
     heap: str
+    security: str = "plaintext"
 
     @classmethod
-    def from_env(cls) -> Layout:
-        root = Path(
-            os.environ.get("LOCAL_KAFKA_DIR") or Path.home() / ".cache" / "storage-events" / "kafka"
-        )
-        port_text = os.environ.get("LOCAL_KAFKA_PORT", "9092")
+    def from_env(cls, security: str | None = None) -> Layout:
+        port_text = os.environ.get("LOCAL_KAFKA_PORT") or str(DEFAULT_PORT)
         if not port_text.isdigit() or not 1024 <= int(port_text) < 65535:
             raise LocalKafkaError(f"LOCAL_KAFKA_PORT must be a port number, got {port_text!r}")
-        return cls(root=root, port=int(port_text), heap=os.environ.get("LOCAL_KAFKA_HEAP", "1g"))
+        port = int(port_text)
+        root = Path(os.environ.get("LOCAL_KAFKA_DIR") or default_root(port))
+        security = (security or os.environ.get("LOCAL_KAFKA_SECURITY") or "plaintext").lower()
+        if security not in SECURITY_MODES:
+            raise LocalKafkaError(
+                f"--security / LOCAL_KAFKA_SECURITY must be one of {', '.join(SECURITY_MODES)}, "
+                f"got {security!r}"
+            )
+        heap = os.environ.get("LOCAL_KAFKA_HEAP", "1g")
+        return cls(root=root, port=port, heap=heap, security=security)
 
     @property
     def libs(self) -> Path:
@@ -99,6 +147,40 @@ class Layout:
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.root / "tls"
+
+    @property
+    def client_env(self) -> Path:
+        return self.root / "client.env"
+
+    @property
+    def admin_password_file(self) -> Path:
+        # Written before the storage is formatted with it: the password of the SCRAM user
+        # `admin` in this directory's data, for as long as the data lives.
+        return self.root / "admin.password"
+
+    @property
+    def scram_marker(self) -> Path:
+        # Present when the data was formatted with the SCRAM user (older data was not).
+        return self.data / ".scram-users"
+
+    @property
+    def listener(self) -> str:
+        return LISTENER[self.security]
+
+    @property
+    def admin_properties(self) -> Path:
+        return self.root / "admin.properties"
+
+
+def default_root(port: int) -> Path:
+    """The state directory of the broker on `port`: one per port, so that moving the port
+    starts a broker of its own instead of rewriting the one that runs."""
+    base = Path.home() / ".cache" / "storage-events"
+    return base / "kafka" if port == DEFAULT_PORT else base / f"kafka-{port}"
 
 
 def require_tool(name: str, hint: str) -> str:
@@ -152,17 +234,19 @@ def fetch(layout: Layout) -> Path:
 
 def write_properties(layout: Layout) -> None:
     controller_port = layout.port + 1
+    name = layout.listener
     layout.properties.write_text(
         "\n".join(
             [
                 "process.roles=broker,controller",
                 "node.id=1",
                 f"controller.quorum.voters=1@{HOST}:{controller_port}",
-                f"listeners=PLAINTEXT://{HOST}:{layout.port},CONTROLLER://{HOST}:{controller_port}",
-                f"advertised.listeners=PLAINTEXT://{HOST}:{layout.port}",
+                f"listeners={name}://{HOST}:{layout.port},CONTROLLER://{HOST}:{controller_port}",
+                f"advertised.listeners={name}://{HOST}:{layout.port}",
                 "controller.listener.names=CONTROLLER",
-                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-                "inter.broker.listener.name=PLAINTEXT",
+                f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,{name}:{name}",
+                f"inter.broker.listener.name={name}",
+                *security_properties(layout),
                 f"log.dirs={layout.data}",
                 "num.partitions=4",
                 # One node: every internal topic can only have one replica.
@@ -180,6 +264,145 @@ def write_properties(layout: Layout) -> None:
             ]
         )
     )
+
+
+def security_properties(layout: Layout) -> list[str]:
+    """The broker properties of `layout.security` (none for plaintext): TLS from the PEM files
+    of `ensure_credentials`, SCRAM for SASL_SSL, mutual TLS for SSL, and the authorizer."""
+    if layout.security == "plaintext":
+        return []
+    prefix = f"listener.name.{layout.listener.lower()}"
+    lines = [
+        "ssl.keystore.type=PEM",
+        f"ssl.keystore.location={layout.tls_dir / (tls.BROKER_NAME + '.keystore.pem')}",
+        "ssl.truststore.type=PEM",
+        f"ssl.truststore.location={layout.tls_dir / 'ca.pem'}",
+        "ssl.endpoint.identification.algorithm=https",
+        # A client certificate's principal is its CN (User:admin), not the whole DN.
+        "ssl.principal.mapping.rules=RULE:^CN=([^,]+).*$/$1/,DEFAULT",
+        "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        f"super.users={SUPER_USERS}",
+        "allow.everyone.if.no.acl.found=false",
+    ]
+    if layout.security == "ssl":
+        lines.append("ssl.client.auth=required")
+    else:
+        password = layout.admin_password_file.read_text().strip()
+        mechanism = SASL_MECHANISM.lower()
+        lines += [
+            f"sasl.enabled.mechanisms={SASL_MECHANISM}",
+            f"sasl.mechanism.inter.broker.protocol={SASL_MECHANISM}",
+            f"{prefix}.{mechanism}.sasl.jaas.config="
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{ADMIN_USER}" password="{password}";',
+        ]
+    return lines
+
+
+def ensure_credentials(layout: Layout) -> None:
+    """The admin password, and for TLS the CA, the broker's and the admin's certificates:
+    created once per state directory, kept across restarts (clients keep trusting the CA)."""
+    layout.root.mkdir(parents=True, exist_ok=True)
+    if not layout.admin_password_file.exists():
+        layout.admin_password_file.touch(mode=0o600)
+        layout.admin_password_file.write_text(secrets.token_hex(16) + "\n")
+    if layout.security == "plaintext":
+        return
+    try:
+        authority = tls.ca(layout.tls_dir)
+        tls.issue(layout.tls_dir, tls.BROKER_NAME, authority)
+        tls.issue(layout.tls_dir, ADMIN_USER, authority)
+    except tls.TlsError as exc:
+        raise LocalKafkaError(str(exc)) from None
+
+
+def client_settings(layout: Layout) -> dict[str, str]:
+    """The KAFKA_* variables a client of the product needs for this broker (as the admin)."""
+    settings = {
+        "KAFKA_BOOTSTRAP_SERVERS": layout.bootstrap,
+        "KAFKA_SECURITY_PROTOCOL": layout.listener,
+    }
+    if layout.security != "plaintext":
+        settings["KAFKA_SSL_CA_LOCATION"] = str(layout.tls_dir / "ca.pem")
+    if layout.security == "sasl_ssl":
+        settings |= {
+            "KAFKA_SASL_MECHANISM": SASL_MECHANISM,
+            "KAFKA_SASL_USERNAME": ADMIN_USER,
+            "KAFKA_SASL_PASSWORD": layout.admin_password_file.read_text().strip(),
+        }
+    if layout.security == "ssl":
+        settings |= {
+            "KAFKA_SSL_CERT_LOCATION": str(layout.tls_dir / f"{ADMIN_USER}.pem"),
+            "KAFKA_SSL_KEY_LOCATION": str(layout.tls_dir / f"{ADMIN_USER}.key"),
+        }
+    return settings
+
+
+def write_client_env(layout: Layout) -> None:
+    """<dir>/client.env, shell syntax: `set -a; . <dir>/client.env` exports the settings."""
+    lines = [
+        f"# the local Kafka broker in {layout.root} ({layout.security}); "
+        "use: set -a; . <this file>; set +a"
+    ]
+    lines += [f"{name}={shlex.quote(value)}" for name, value in client_settings(layout).items()]
+    layout.client_env.touch(mode=0o600)
+    layout.client_env.write_text("\n".join(lines) + "\n")
+
+
+def write_admin_properties(layout: Layout) -> None:
+    """<dir>/admin.properties: the same admin connection for Java tools (`kafka-acls.sh
+    --command-config`, `localkafka.py admin`)."""
+    lines = [f"bootstrap.servers={layout.bootstrap}", f"security.protocol={layout.listener}"]
+    if layout.security != "plaintext":
+        lines += ["ssl.truststore.type=PEM", f"ssl.truststore.location={layout.tls_dir / 'ca.pem'}"]
+    if layout.security == "ssl":
+        keystore = layout.tls_dir / f"{ADMIN_USER}.keystore.pem"
+        lines += ["ssl.keystore.type=PEM", f"ssl.keystore.location={keystore}"]
+    if layout.security == "sasl_ssl":
+        password = layout.admin_password_file.read_text().strip()
+        lines += [
+            f"sasl.mechanism={SASL_MECHANISM}",
+            "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{ADMIN_USER}" password="{password}";',
+        ]
+    layout.admin_properties.touch(mode=0o600)
+    layout.admin_properties.write_text("\n".join(lines) + "\n")
+
+
+def admin(layout: Layout, commands: str) -> str:
+    """Apply `commands` (kafka-acls.sh lines as `python -m streams acls` prints them, and
+    `scram USER PASSWORD` lines) as the admin, with LocalAdmin.java; what it did."""
+    if running_pid(layout) is None or not layout.admin_properties.exists():
+        raise LocalKafkaError(f"no local Kafka broker is running ({layout.root}); start it first")
+    words_per_line = []
+    for line in commands.splitlines():
+        # One command per line, in shell words (as the printed commands are quoted).
+        if line.strip() and not line.lstrip().startswith("#"):
+            words_per_line.append("\t".join(shlex.split(line)))
+    command = java_command(layout, str(HERE / "LocalAdmin.java"), str(layout.admin_properties))
+    heap = command.index(f"-Xms{layout.heap}")
+    command[heap : heap + 2] = ["-Xms64m", "-Xmx256m"]  # a client, not a broker
+    logging = command.index(f"-Dlog4j2.configurationFile={LOG4J_CONFIG}")
+    command[logging] = f"-Dlog4j2.configurationFile={HERE / 'log4j2-tools.properties'}"
+    result = subprocess.run(
+        command, input="\n".join(words_per_line) + "\n", capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        detail = [line for line in result.stderr.splitlines() if "Exception" in line]
+        raise LocalKafkaError(f"admin failed: {(detail or result.stderr.splitlines() or ['?'])[0]}")
+    return result.stdout.strip()
+
+
+def client_tls(layout: Layout) -> ssl.SSLContext | None:
+    """What a probe of this broker's listener speaks TLS with (None: plaintext)."""
+    if layout.security == "plaintext":
+        return None
+    context = ssl.create_default_context(cafile=str(layout.tls_dir / "ca.pem"))
+    if layout.security == "ssl":
+        context.load_cert_chain(
+            layout.tls_dir / f"{ADMIN_USER}.pem", layout.tls_dir / f"{ADMIN_USER}.key"
+        )
+    return context
 
 
 def java_command(layout: Layout, main_class: str, *args: str) -> list[str]:
@@ -202,8 +425,16 @@ def java_command(layout: Layout, main_class: str, *args: str) -> list[str]:
 
 
 def format_storage(layout: Layout) -> None:
+    """Format the data directory once, with the SCRAM user `admin` whatever the security (so
+    a directory formatted for plaintext can later serve SASL_SSL)."""
     if (layout.data / "meta.properties").exists():
+        if layout.security == "sasl_ssl" and not layout.scram_marker.exists():
+            raise LocalKafkaError(
+                f"{layout.data} was formatted without the SCRAM user {ADMIN_USER!r} "
+                "(by an older localkafka); start with --fresh to re-create its data"
+            )
         return
+    password = layout.admin_password_file.read_text().strip()
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     result = subprocess.run(
         java_command(
@@ -214,6 +445,8 @@ def format_storage(layout: Layout) -> None:
             "--config",
             str(layout.properties),
             "--ignore-formatted",
+            "--add-scram",
+            f"{SASL_MECHANISM}=[name={ADMIN_USER},password={password}]",
         ),
         capture_output=True,
         text=True,
@@ -222,6 +455,7 @@ def format_storage(layout: Layout) -> None:
     if result.returncode != 0:
         detail = (result.stderr or result.stdout).strip().splitlines()
         raise LocalKafkaError(f"formatting {layout.data} failed: {detail[-1] if detail else '?'}")
+    layout.scram_marker.write_text(f"{SASL_MECHANISM} {ADMIN_USER}\n")
 
 
 def running_pid(layout: Layout) -> int | None:
@@ -249,12 +483,16 @@ def port_in_use(port: int) -> bool:
         return sock.connect_ex((HOST, port)) == 0
 
 
-def answers_kafka(port: int) -> bool:
-    """True when the port speaks the Kafka protocol (an ApiVersions v0 round trip)."""
+def answers_kafka(port: int, context: ssl.SSLContext | None = None) -> bool:
+    """True when the port speaks the Kafka protocol (an ApiVersions v0 round trip), over TLS
+    with `context` (ApiVersions is answered before SASL authentication)."""
     client_id = b"localkafka"
     header = struct.pack(">hhih", 18, 0, 1, len(client_id)) + client_id
     try:
-        with socket.create_connection((HOST, port), timeout=2) as sock:
+        with contextlib.ExitStack() as stack:
+            sock = stack.enter_context(socket.create_connection((HOST, port), timeout=2))
+            if context is not None:
+                sock = stack.enter_context(context.wrap_socket(sock, server_hostname=HOST))
             sock.sendall(struct.pack(">i", len(header)) + header)
             size_bytes = sock.recv(4)
             if len(size_bytes) < 4:
@@ -273,14 +511,54 @@ def tail(path: Path, lines: int = 5) -> str:
         return "(no log)"
 
 
+def running_listener(layout: Layout) -> tuple[str, int] | None:
+    """The security (a `SECURITY_MODES` name) and port the directory's broker was started
+    with, from its server.properties; None when there is none to read."""
+    try:
+        text = layout.properties.read_text()
+    except FileNotFoundError:
+        return None
+    match = re.search(r"^advertised\.listeners=(\w+)://[^:,]+:(\d+)", text, re.MULTILINE)
+    if not match:
+        return None
+    names = {listener: mode for mode, listener in LISTENER.items()}
+    return names.get(match.group(1), match.group(1).lower()), int(match.group(2))
+
+
+def refuse_if_running_otherwise(layout: Layout, pid: int) -> None:
+    """A directory in use by a running broker is never rewritten for another port or other
+    security: that broker keeps running as it is, and this says so in one line."""
+    found = running_listener(layout)
+    if found is None or found == (layout.security, layout.port):
+        return
+    security, port = found
+    raise LocalKafkaError(
+        f"{layout.root} is in use by the broker running (pid {pid}) on port {port} "
+        f"({security}); stop it first (localkafka.py stop with LOCAL_KAFKA_DIR={layout.root}) "
+        "or choose another LOCAL_KAFKA_DIR"
+    )
+
+
+def with_running_security(layout: Layout) -> Layout:
+    """`layout` with the security of the broker already running in it on its port: a start
+    that names no security (`make run`, a second `make kafka`) joins that broker as it is."""
+    found = running_listener(layout) if running_pid(layout) is not None else None
+    if found is None or found[1] != layout.port or found[0] not in SECURITY_MODES:
+        return layout
+    return dataclasses.replace(layout, security=found[0])
+
+
 def start(layout: Layout, fresh: bool = False) -> str:
     pid = running_pid(layout)
-    if pid is not None and answers_kafka(layout.port):
-        print(
-            f"Apache Kafka {kafka_version()} already running (pid {pid}), log: {layout.log}",
-            file=sys.stderr,
-        )
-        return layout.bootstrap
+    if pid is not None:
+        refuse_if_running_otherwise(layout, pid)
+        if answers_kafka(layout.port, client_tls(layout)):
+            write_client_env(layout)
+            print(
+                f"Apache Kafka {kafka_version()} already running (pid {pid}), log: {layout.log}",
+                file=sys.stderr,
+            )
+            return layout.bootstrap
     if pid is None and (port_in_use(layout.port) or port_in_use(layout.port + 1)):
         raise LocalKafkaError(
             f"port {layout.port} or {layout.port + 1} on {HOST} is used by another process; "
@@ -288,12 +566,17 @@ def start(layout: Layout, fresh: bool = False) -> str:
         )
     fetch(layout)
     layout.root.mkdir(parents=True, exist_ok=True)
-    if fresh and pid is None:
-        shutil.rmtree(layout.data, ignore_errors=True)
-    write_properties(layout)
-    format_storage(layout)
     process: subprocess.Popen[bytes] | None = None
     if pid is None:
+        # Only a directory without a running broker is (re)written; one whose broker is
+        # still starting is waited for below.
+        if fresh:
+            shutil.rmtree(layout.data, ignore_errors=True)
+        ensure_credentials(layout)
+        write_properties(layout)
+        format_storage(layout)
+        write_client_env(layout)
+        write_admin_properties(layout)
         with layout.log.open("ab") as log:
             process = subprocess.Popen(
                 java_command(layout, "kafka.Kafka", str(layout.properties)),
@@ -312,9 +595,10 @@ def start(layout: Layout, fresh: bool = False) -> str:
             raise LocalKafkaError(
                 f"the broker exited during start-up; see {layout.log}:\n{tail(layout.log)}"
             )
-        if answers_kafka(layout.port):
+        if answers_kafka(layout.port, client_tls(layout)):
             print(
-                f"Apache Kafka {kafka_version()} running (pid {pid}), log: {layout.log}",
+                f"Apache Kafka {kafka_version()} running ({layout.security}, pid {pid}), "
+                f"log: {layout.log}",
                 file=sys.stderr,
             )
             return layout.bootstrap
@@ -339,22 +623,344 @@ def stop(layout: Layout) -> bool:
     return True
 
 
+# ------------------------------------------------------------------------------ a local cluster
+
+DEFAULT_CLUSTER_PORT = 19092
+CLUSTER_START_TIMEOUT_S = 240.0
+CLUSTER_HEAP = "512m"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A local KRaft cluster of `brokers` nodes, each broker AND controller (combined mode):
+    three controllers, so the quorum survives one node lost, whichever it is (with a single
+    controller, killing its node would stop every leader election). Node i (1-based) serves
+    clients on `port + i - 1` and its controller on `port + brokers + i - 1`; its data, log,
+    pid file and properties live in `root/node-<i>/`."""
+
+    root: Path
+    port: int
+    brokers: int
+    heap: str
+
+    @classmethod
+    def from_env(cls, brokers: int) -> Cluster:
+        port_text = os.environ.get("LOCAL_KAFKA_PORT") or str(DEFAULT_CLUSTER_PORT)
+        if not port_text.isdigit() or not 1024 <= int(port_text) < 65535 - 2 * brokers:
+            raise LocalKafkaError(f"LOCAL_KAFKA_PORT must be a port number, got {port_text!r}")
+        port = int(port_text)
+        base = Path.home() / ".cache" / "storage-events"
+        root = Path(os.environ.get("LOCAL_KAFKA_DIR") or base / f"kafka-cluster-{port}")
+        heap = os.environ.get("LOCAL_KAFKA_HEAP") or CLUSTER_HEAP
+        return cls(root=root, port=port, brokers=brokers, heap=heap)
+
+    @property
+    def ids(self) -> range:
+        return range(1, self.brokers + 1)
+
+    def node(self, node_id: int) -> Layout:
+        """Node `node_id`'s own layout (its client port; its directory under the root)."""
+        return Layout(
+            root=self.root / f"node-{node_id}", port=self.port + node_id - 1, heap=self.heap
+        )
+
+    def controller_port(self, node_id: int) -> int:
+        return self.port + self.brokers + node_id - 1
+
+    @property
+    def ports(self) -> list[int]:
+        return [self.port + offset for offset in range(2 * self.brokers)]
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(self.node(node_id).bootstrap for node_id in self.ids)
+
+    @property
+    def cluster_id_file(self) -> Path:
+        return self.root / "cluster.id"
+
+    def describe(self) -> str:
+        first_controller = self.port + self.brokers
+        return (
+            f"{self.brokers} brokers, {self.brokers} KRaft controllers (combined mode: each "
+            f"node is broker and controller), clients on {self.port}-{first_controller - 1}, "
+            f"controllers on {first_controller}-{first_controller + self.brokers - 1}"
+        )
+
+
+def write_node_properties(cluster: Cluster, node_id: int) -> None:
+    """One node's server.properties: a static quorum of every node's controller, internal
+    topics replicated to every broker, 2 in sync (a production cluster's settings)."""
+    node = cluster.node(node_id)
+    voters = ",".join(f"{other}@{HOST}:{cluster.controller_port(other)}" for other in cluster.ids)
+    replicas = cluster.brokers
+    in_sync = min(2, replicas)
+    node.properties.write_text(
+        "\n".join(
+            [
+                "process.roles=broker,controller",
+                f"node.id={node_id}",
+                f"controller.quorum.voters={voters}",
+                f"listeners=PLAINTEXT://{HOST}:{node.port},"
+                f"CONTROLLER://{HOST}:{cluster.controller_port(node_id)}",
+                f"advertised.listeners=PLAINTEXT://{HOST}:{node.port}",
+                "controller.listener.names=CONTROLLER",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                "inter.broker.listener.name=PLAINTEXT",
+                f"log.dirs={node.data}",
+                "num.partitions=4",
+                f"default.replication.factor={replicas}",
+                # The broker-wide default (the stream sets its own topics' explicitly): what
+                # Faust's leader topic and the consumer offsets topic get.
+                f"min.insync.replicas={in_sync}",
+                f"offsets.topic.replication.factor={replicas}",
+                f"transaction.state.log.replication.factor={replicas}",
+                f"transaction.state.log.min.isr={in_sync}",
+                f"share.coordinator.state.topic.replication.factor={replicas}",
+                f"share.coordinator.state.topic.min.isr={in_sync}",
+                "unclean.leader.election.enable=false",
+                "group.initial.rebalance.delay.ms=0",
+                "auto.create.topics.enable=true",
+                "log.retention.hours=168",
+                "log.cleaner.backoff.ms=1000",
+                # Few threads per node: three JVMs share two cores with everything else.
+                "num.network.threads=2",
+                "num.io.threads=4",
+                "background.threads=4",
+                "",
+            ]
+        )
+    )
+
+
+def format_node(cluster: Cluster, node_id: int, cluster_id: str) -> None:
+    """Format one node's data once, with the cluster's id (every node must share it)."""
+    node = cluster.node(node_id)
+    if (node.data / "meta.properties").exists():
+        return
+    result = subprocess.run(
+        java_command(
+            node,
+            "kafka.tools.StorageTool",
+            "format",
+            f"--cluster-id={cluster_id}",
+            "--config",
+            str(node.properties),
+            "--ignore-formatted",
+        ),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip().splitlines()
+        raise LocalKafkaError(f"formatting {node.data} failed: {detail[-1] if detail else '?'}")
+
+
+def spawn_node(node: Layout) -> int:
+    """Start one node's JVM in the background; its pid (also in its pid file)."""
+    with node.log.open("ab") as log:
+        process = subprocess.Popen(
+            java_command(node, "kafka.Kafka", str(node.properties)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in the caller's terminal is not for the broker
+        )
+    node.pid_file.write_text(str(process.pid))
+    return process.pid
+
+
+def start_cluster(cluster: Cluster, fresh: bool = False) -> str:
+    """Start every node that does not run (all at once: a node serves clients only once a
+    quorum of controllers is up), wait until each answers; the bootstrap of all three."""
+    running = {node_id: running_pid(cluster.node(node_id)) for node_id in cluster.ids}
+    down = [node_id for node_id, pid in running.items() if pid is None]
+    if not down and all(answers_kafka(cluster.node(node_id).port) for node_id in cluster.ids):
+        print(
+            f"Apache Kafka {kafka_version()} cluster already running ({cluster.describe()}; "
+            f"pids {', '.join(str(running[node_id]) for node_id in cluster.ids)}), "
+            f"logs: {cluster.root}/node-*/broker.log",
+            file=sys.stderr,
+        )
+        return cluster.bootstrap
+    for node_id in down:
+        busy = [
+            port
+            for port in (cluster.node(node_id).port, cluster.controller_port(node_id))
+            if port_in_use(port)
+        ]
+        if busy:
+            raise LocalKafkaError(
+                f"port {busy[0]} on {HOST} (node {node_id} of the cluster) is used by another "
+                "process; stop it or choose other ports with LOCAL_KAFKA_PORT=<first port>"
+            )
+    fetch(cluster.node(1))
+    cluster.root.mkdir(parents=True, exist_ok=True)
+    if fresh and len(down) == cluster.brokers:
+        for node_id in cluster.ids:
+            shutil.rmtree(cluster.node(node_id).data, ignore_errors=True)
+        cluster.cluster_id_file.unlink(missing_ok=True)
+    if not cluster.cluster_id_file.exists():
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster.cluster_id_file.write_text(cluster_id + "\n")
+    cluster_id = cluster.cluster_id_file.read_text().strip()
+    for node_id in cluster.ids:
+        cluster.node(node_id).root.mkdir(parents=True, exist_ok=True)
+        write_node_properties(cluster, node_id)
+        format_node(cluster, node_id, cluster_id)
+    for node_id in down:
+        running[node_id] = spawn_node(cluster.node(node_id))
+    deadline = time.monotonic() + CLUSTER_START_TIMEOUT_S
+    waiting = set(cluster.ids)
+    while waiting and time.monotonic() < deadline:
+        for node_id in sorted(waiting):
+            node = cluster.node(node_id)
+            if running_pid(node) is None:
+                node.pid_file.unlink(missing_ok=True)
+                raise LocalKafkaError(
+                    f"node {node_id} exited during start-up; see {node.log}:\n{tail(node.log)}"
+                )
+            if answers_kafka(node.port):
+                waiting.discard(node_id)
+        time.sleep(0.2)
+    if waiting:
+        raise LocalKafkaError(
+            f"node(s) {', '.join(map(str, sorted(waiting)))} did not accept connections within "
+            f"{CLUSTER_START_TIMEOUT_S:.0f} s; see {cluster.root}/node-*/broker.log"
+        )
+    print(
+        f"Apache Kafka {kafka_version()} cluster running ({cluster.describe()}; pids "
+        f"{', '.join(str(running[node_id]) for node_id in cluster.ids)}), "
+        f"logs: {cluster.root}/node-*/broker.log",
+        file=sys.stderr,
+    )
+    return cluster.bootstrap
+
+
+def stop_cluster(cluster: Cluster) -> bool:
+    """Stop every node (all at once, so none waits for the others' controlled shutdown
+    alone); False when none was running."""
+    pids = {
+        node_id: pid
+        for node_id in cluster.ids
+        if (pid := running_pid(cluster.node(node_id))) is not None
+    }
+    for pid in pids.values():
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline and any(
+        running_pid(cluster.node(node_id)) is not None for node_id in pids
+    ):
+        time.sleep(0.2)
+    for node_id, pid in pids.items():
+        if running_pid(cluster.node(node_id)) is not None:
+            os.kill(pid, signal.SIGKILL)
+        cluster.node(node_id).pid_file.unlink(missing_ok=True)
+    return bool(pids)
+
+
+def cluster_status(cluster: Cluster) -> tuple[str, bool]:
+    """One line per node; True when every node runs."""
+    lines = []
+    for node_id in cluster.ids:
+        node = cluster.node(node_id)
+        pid = running_pid(node)
+        lines.append(
+            f"node {node_id}: "
+            + (f"running (pid {pid}) at {node.bootstrap}" if pid else "not running")
+        )
+    return "\n".join(lines), all("not running" not in line for line in lines)
+
+
+def cluster_size(given: int | None) -> int:
+    """`--brokers`, else LOCAL_KAFKA_BROKERS, else 1; checked."""
+    text = str(given) if given is not None else os.environ.get("LOCAL_KAFKA_BROKERS") or "1"
+    if not text.isdigit() or not 1 <= int(text) <= 9:
+        raise LocalKafkaError(f"--brokers / LOCAL_KAFKA_BROKERS must be 1 to 9, got {text!r}")
+    return int(text)
+
+
+def cluster_main(command: str, brokers: int, fresh: bool) -> int:
+    """`start`/`stop`/`status` of a local cluster (`--brokers N`, N > 1)."""
+    cluster = Cluster.from_env(brokers)
+    if command == "start":
+        print(start_cluster(cluster, fresh=fresh))
+    elif command == "stop":
+        if stop_cluster(cluster):
+            print(f"stopped the local Kafka cluster ({cluster.bootstrap})")
+        else:
+            print(f"no local Kafka cluster is running ({cluster.root})")
+    else:
+        text, all_running = cluster_status(cluster)
+        print(text)
+        return 0 if all_running else 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["start", "stop", "status", "fetch", "version"])
+    parser.add_argument(
+        "command",
+        choices=["start", "stop", "status", "fetch", "version", "env", "client-cert", "admin"],
+        help="env: print the client settings (client.env); client-cert NAME: a client "
+        "certificate for the principal User:NAME, signed by the broker's CA; admin: apply "
+        "kafka-acls.sh lines (python -m streams acls) and `scram USER PASSWORD` lines from stdin",
+    )
+    parser.add_argument("name", nargs="?", help="with client-cert: the certificate's CN")
     parser.add_argument(
         "--fresh",
         action="store_true",
         help="with start: delete the broker's data first (tests use this)",
     )
+    parser.add_argument(
+        "--security",
+        choices=SECURITY_MODES,
+        help="with start: the client listener's security (default $LOCAL_KAFKA_SECURITY or "
+        "plaintext)",
+    )
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=None,
+        help="with start/stop/status: a local cluster of N brokers (default $LOCAL_KAFKA_BROKERS "
+        "or 1: the single broker)",
+    )
     args = parser.parse_args(argv)
     try:
-        layout = Layout.from_env()
+        brokers = cluster_size(args.brokers)
+        if brokers > 1 and args.command in ("start", "stop", "status"):
+            if (args.security or os.environ.get("LOCAL_KAFKA_SECURITY") or "plaintext") != (
+                "plaintext"
+            ):
+                raise LocalKafkaError("--security is for the single broker; a cluster is plaintext")
+            return cluster_main(args.command, brokers, args.fresh)
+        layout = Layout.from_env(args.security)
         if args.command == "version":
             print(kafka_version())
+        elif args.command == "env":
+            if layout.client_env.exists():
+                print(layout.client_env.read_text(), end="")
+            else:
+                for name, value in client_settings(layout).items():
+                    print(f"{name}={shlex.quote(value)}")
+        elif args.command == "admin":
+            print(admin(layout, sys.stdin.read()))
+        elif args.command == "client-cert":
+            if not args.name or not re.fullmatch(r"[A-Za-z0-9._-]+", args.name):
+                raise LocalKafkaError("client-cert takes a NAME of letters, digits, '.', '_', '-'")
+            try:
+                authority = tls.ca(layout.tls_dir)
+                pair = tls.issue(layout.tls_dir, args.name, authority)
+            except tls.TlsError as exc:
+                raise LocalKafkaError(str(exc)) from None
+            print(f"KAFKA_SSL_CERT_LOCATION={shlex.quote(str(pair.cert))}")
+            print(f"KAFKA_SSL_KEY_LOCATION={shlex.quote(str(pair.key))}")
         elif args.command == "fetch":
             print(fetch(layout))
         elif args.command == "start":
+            if not (args.security or os.environ.get("LOCAL_KAFKA_SECURITY")):
+                layout = with_running_security(layout)
             print(start(layout, fresh=args.fresh))
         elif args.command == "stop":
             if stop(layout):
@@ -363,7 +969,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"no local Kafka broker is running ({layout.root})")
         else:
             pid = running_pid(layout)
-            print(f"running (pid {pid}) at {layout.bootstrap}" if pid else "not running")
+            found = running_listener(layout) if pid else None
+            if pid and found:
+                print(f"running (pid {pid}) at {HOST}:{found[1]} ({found[0]})")
+            else:
+                print(f"running (pid {pid}) at {layout.bootstrap}" if pid else "not running")
             return 0 if pid else 1
     except LocalKafkaError as exc:
         print(f"localkafka: {exc}", file=sys.stderr)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 LOCAL_KAFKA = Path(__file__).resolve().with_name("localkafka.py")
@@ -36,6 +38,7 @@ class PrivateBroker:
     """One broker in `directory`, on a free pair of ports, with a heap of `heap`."""
 
     def __init__(self, directory: Path, heap: str = "512m", timeout_s: float = 240) -> None:
+        self.directory = directory
         self.port = free_port_pair()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.log = directory / "broker.log"
@@ -67,3 +70,115 @@ class PrivateBroker:
 
     def stop(self) -> None:
         self.run("stop")
+
+    def kill(self) -> None:
+        """SIGKILL it, as a crash would end it (no controlled shutdown), and wait until it is
+        gone."""
+        pid_file = self.directory / "broker.pid"
+        pid = int(pid_file.read_text().strip())
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid_file.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie left for a parent to reap has ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def free_port_run(count: int) -> int:
+    """A port p such that p .. p + count - 1 are all free on 127.0.0.1 (a cluster's client
+    and controller ports), below the ephemeral range like `free_port_pair`."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000 - count)
+        sockets = [socket.socket() for _ in range(count)]
+        try:
+            for offset, sock in enumerate(sockets):
+                sock.bind(("127.0.0.1", port + offset))
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+        return port
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
+class PrivateCluster:
+    """A local cluster of `brokers` KRaft nodes (`localkafka.py --brokers N`) in `directory`,
+    on free consecutive ports; single nodes can be SIGKILLed and brought back."""
+
+    def __init__(
+        self, directory: Path, brokers: int = 3, heap: str = "512m", timeout_s: float = 300
+    ) -> None:
+        self.directory = directory
+        self.brokers = brokers
+        self.port = free_port_run(2 * brokers)
+        self.bootstrap = ",".join(f"127.0.0.1:{port}" for port in self.client_ports)
+        self.timeout_s = timeout_s
+        self.env = {
+            **os.environ,
+            "LOCAL_KAFKA_DIR": str(directory),
+            "LOCAL_KAFKA_PORT": str(self.port),
+            "LOCAL_KAFKA_HEAP": heap,
+            "LOCAL_KAFKA_BROKERS": str(brokers),
+        }
+        self.env.pop("LOCAL_KAFKA_SECURITY", None)
+
+    @property
+    def client_ports(self) -> list[int]:
+        return [self.port + offset for offset in range(self.brokers)]
+
+    @property
+    def node_ids(self) -> range:
+        return range(1, self.brokers + 1)
+
+    def log(self, node_id: int) -> Path:
+        return self.directory / f"node-{node_id}" / "broker.log"
+
+    def run(self, *command: str) -> subprocess.CompletedProcess[str]:
+        """`localkafka.py <command> --brokers N` for this cluster. Raises if it fails."""
+        result = subprocess.run(
+            [sys.executable, str(LOCAL_KAFKA), *command, "--brokers", str(self.brokers)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=self.timeout_s,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"localkafka.py {' '.join(command)} failed: {result.stderr.strip()}")
+        return result
+
+    def start(self, fresh: bool = False) -> str:
+        """Start every node that is not running; the bootstrap address it prints last."""
+        return self.run("start", *(["--fresh"] if fresh else [])).stdout.strip().splitlines()[-1]
+
+    def stop(self) -> None:
+        self.run("stop")
+
+    def pid(self, node_id: int) -> int | None:
+        try:
+            pid = int((self.directory / f"node-{node_id}" / "broker.pid").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL one node (no controlled shutdown, as a crash or a lost machine), and wait
+        until it is gone; `start()` brings it back."""
+        pid = self.pid(node_id)
+        if pid is None:
+            raise RuntimeError(f"node {node_id} is not running")
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (self.directory / f"node-{node_id}" / "broker.pid").unlink(missing_ok=True)

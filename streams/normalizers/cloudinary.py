@@ -36,10 +36,15 @@ re-uploaded asset does not. Fallbacks: `derived_id(..., None, time, etag)`, then
 `record_hash_id` of the record.
 
 Fields: size = `bytes`; etag = `etag` (one pair of quotes stripped if present); version_id =
-`version` as a string, the field both upload and delete carry (`version_id` stays in raw).
-time (§11 #12) = `notification_context.triggered_at` (when the action happened, microseconds;
-present on deletes too), else `timestamp` (when the notification was made), else None;
-`created_at` is not used: it is the asset's first creation, not this event. sequencer None.
+the provider's `version_id`, the hash naming one stored version (uploads and renames carry it;
+delete notifications do not, so None unless a `resources[]` entry has one). `version` (the
+version's upload time, Unix seconds) stays in raw and keeps feeding the derived ids above,
+which must repeat on redelivery. Ordering uses neither: sequencer None, so streams.ordering
+compares the event time, which is finer than `version`'s seconds and present on deletes (a
+delete's `version` is the deleted version's, no later than its upload's, so it could not order
+the two). time (§11 #12) = `notification_context.triggered_at` (when the action happened,
+microseconds; present on deletes too), else `timestamp` (when the notification was made), else
+None; `created_at` is not used: it is the asset's first creation, not this event.
 raw = the notification for upload and rename, the `resources[]` entry for a delete.
 """
 
@@ -58,6 +63,7 @@ from streams.normalizers.base import (
     optional_int,
     optional_str,
     parse_time,
+    present,
     require_dict,
     require_str,
     strip_quotes,
@@ -92,7 +98,7 @@ def _upload(notification: dict[str, Any]) -> FileEvent:
         key=key,
         size=optional_int(notification.get("bytes"), "bytes"),
         etag=etag,
-        version_id=version,
+        version_id=present(notification.get("version_id"), "version_id"),
         time=time,
         provider=SOURCE,
         raw=notification,
@@ -115,7 +121,7 @@ def _deletes(notification: dict[str, Any]) -> list[FileEvent]:
                 id=_derived_id("delete", key, version, time, None, resource),
                 type="deleted",
                 key=key,
-                version_id=version,
+                version_id=present(resource.get("version_id"), f"{where}.version_id"),
                 time=time,
                 provider=SOURCE,
                 version_only=False,
@@ -130,7 +136,8 @@ def _rename(notification: dict[str, Any]) -> list[FileEvent]:
     new_key = _key(notification, "to_public_id", "")
     if old_key == new_key:
         return []  # nothing moved
-    version = _version(notification.get("version"), "version")
+    _version(notification.get("version"), "version")  # malformed as on upload; ids ignore it
+    version_id = present(notification.get("version_id"), "version_id")
     time = _event_time(notification)
     stamp = format_time(time) if time is not None else None
     base = optional_str(notification.get("request_id"), "request_id") or derived_id(
@@ -150,7 +157,7 @@ def _rename(notification: dict[str, Any]) -> list[FileEvent]:
             id=f"{base}:created",
             type="created",
             key=new_key,
-            version_id=version,
+            version_id=version_id,
             time=time,
             provider=SOURCE,
             raw=notification,

@@ -202,9 +202,9 @@ def test_event_grid_messages_reach_the_output_topic_and_leave_the_queue(
         assert read.headers["source"] == b"azure"
         assert read.headers["transport"] == b"azure-queue"
     # Deleted only after Kafka acknowledged: all three published, all three deleted.
-    bridge.wait_metric("bridge_azure_queue_deleted_total", 3)
+    bridge.wait_metric("bridge_pull_deleted_total", 3)
     assert wait_for(lambda: queued_count(queue) == 0, 10, "the queue to be empty")
-    assert bridge.metric("bridge_azure_queue_publish_failed_total") == 0
+    assert bridge.metric("bridge_pull_publish_failures_total") == 0
     assert bridge.stop() == 0, bridge.log()
     queue.delete_queue()
 
@@ -229,9 +229,9 @@ def test_a_message_kafka_does_not_acknowledge_stays_and_comes_back(harness: Harn
         "2",
     )
     # Received, refused, invisible for 1 s, received again, refused again: it came back.
-    failing.wait_metric("bridge_azure_queue_publish_failed_total", 2)
-    assert failing.metric("bridge_azure_queue_deleted_total") == 0
-    assert failing.metric("bridge_azure_queue_published_total") == 0
+    failing.wait_metric("bridge_pull_publish_failures_total", 2)
+    assert failing.metric("bridge_pull_deleted_total") == 0
+    assert failing.metric("bridge_pull_published_total") == 0
     assert queued_count(queue) == 1
     assert failing.stop() == 0, failing.log()
     assert harness.read(refusing) == []
@@ -242,7 +242,7 @@ def test_a_message_kafka_does_not_acknowledge_stays_and_comes_back(harness: Harn
     # queue message goes through and only then leaves the queue.
     healthy = harness.bridge(queue.queue_name, "--topic", harness.names.raw)
     assert [e["id"] for e in harness.wait_for_events(key, 1)] == [event["id"]]
-    healthy.wait_metric("bridge_azure_queue_deleted_total", 1)
+    healthy.wait_metric("bridge_pull_deleted_total", 1)
     assert wait_for(lambda: queued_count(queue) == 0, 10, "the queue to be empty")
     delivered = [
         read

@@ -7,7 +7,7 @@
   directory and port) is stopped while changes happen; no message is deleted whose publish
   Kafka did not acknowledge, they come back after the visibility timeout, and once the broker
   is back every change is in the raw topic.
-* A missing queue, or no credentials: one line on stderr, exit 1.
+* A missing queue, or no credentials: one line on stderr, exit 2.
 
 moto quirks met (PROVIDERS.md §1 "Pitfalls"), handled here rather than in the normalizers:
 its S3 records carry no `sequencer` (ids then come from eventTime and eTag; order from
@@ -643,13 +643,13 @@ def run_bridge(args: list[str], env: dict[str, str]) -> subprocess.CompletedProc
     )
 
 
-def test_a_missing_queue_is_one_line_and_a_non_zero_exit(aws: Aws, tmp_path: Path) -> None:
+def test_a_missing_queue_is_one_line_and_exit_2(aws: Aws, tmp_path: Path) -> None:
     config = tmp_path / "streams.toml"
     config.write_text("")
     missing = f"{aws.endpoint}/123456789012/{unique_name('missing')}"
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9"}  # never reached
     result = run_bridge(bridge_command(config, missing, aws.endpoint), env)
-    assert result.returncode == 1
+    assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0] == (
@@ -662,7 +662,7 @@ def test_a_missing_queue_is_one_line_and_a_non_zero_exit(aws: Aws, tmp_path: Pat
         if name not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
     }
     result = run_bridge(bridge_command(config, missing, aws.endpoint), no_credentials)
-    assert result.returncode == 1
+    assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("connectors sqs: no usable AWS credentials")

@@ -1,4 +1,5 @@
-"""The alerting rules of k8s/README.md: valid Prometheus rules, on metrics that exist.
+"""The alerting rules of k8s/monitoring/prometheusrule.yaml: valid Prometheus rules, on
+metrics that exist.
 
 Each `expr` is parsed with `promql-parser` (PyPI); each storage-events or bridge metric it
 names must be one the code registers (with the `_total` / `_bucket` suffixes Prometheus
@@ -16,9 +17,11 @@ import promql_parser
 import yaml
 from prometheus_client import REGISTRY
 
+from fileevents import FileEventsMetrics
+
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "k8s" / "README.md"
-OURS = re.compile(r"\b((?:storage_events|bridge)_[a-z_]+)\b")
+RULES = ROOT / "k8s" / "monitoring" / "prometheusrule.yaml"
+OURS = re.compile(r"\b((?:storage_events|bridge|fileevents)_[a-z_]+)\b")
 EXTERNAL = {
     "kafka_consumergroup_lag",  # Strimzi Kafka Exporter
     "kube_statefulset_status_replicas_ready",  # kube-state-metrics
@@ -27,11 +30,8 @@ EXTERNAL = {
 
 
 def rule_groups() -> list[dict[str, Any]]:
-    blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(), flags=re.DOTALL)
-    groups = [
-        group for block in blocks for group in (yaml.safe_load(block) or {}).get("groups", [])
-    ]
-    assert groups, "k8s/README.md has no Prometheus rule groups"
+    groups: list[dict[str, Any]] = yaml.safe_load(RULES.read_text())["spec"]["groups"]
+    assert groups, f"{RULES} has no Prometheus rule groups"
     return groups
 
 
@@ -50,7 +50,7 @@ def exposed_metric_names() -> set[str]:
         importlib.import_module(module)
     return {
         metric.name + suffix
-        for metric in REGISTRY.collect()
+        for metric in [*REGISTRY.collect(), *FileEventsMetrics().collect()]
         for suffix in SUFFIXES.get(metric.type, ("",))
     }
 
@@ -61,7 +61,7 @@ def test_every_alert_expression_parses_and_names_existing_metrics() -> None:
     for group in rule_groups():
         for rule in group["rules"]:
             assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule
-            assert rule["alert"].startswith("StorageEvents"), rule["alert"]
+            assert rule["alert"].startswith(("StorageEvents", "FileEvents")), rule["alert"]
             expression = rule["expr"]
             try:
                 promql_parser.parse(expression)

@@ -27,7 +27,8 @@ def expected_topics(settings: Settings) -> list[TopicSpec]:
         f"{settings.stream.app_id}-__assignor-__leader",
         1,
         settings.stream.replication_factor,
-        {},
+        # Faust creates it with the cluster's default; the KafkaTopic sets it like the others'.
+        {MIN_INSYNC: str(settings.stream.min_insync_replicas)},
         "faust-leader",
     )
     return [*topology(settings), leader]
@@ -82,7 +83,7 @@ def mismatches(settings: Settings, topics: list[Resource]) -> list[str]:
             problems.append(
                 f"{spec.name}: replicas {found.get('replicas')}, code: {spec.replication_factor}"
             )
-        insync = int(config.pop(MIN_INSYNC, "0"))
+        insync = int(config.get(MIN_INSYNC, "0"))  # also in spec.config (min_insync_replicas)
         if insync != wanted_min_insync(spec.replication_factor):
             problems.append(
                 f"{spec.name}: {MIN_INSYNC} {insync} with {spec.replication_factor} replicas"

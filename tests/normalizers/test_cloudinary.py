@@ -25,6 +25,7 @@ from normalizer_support import (
 from streams.event import FileEvent
 from streams.normalizers.base import derived_id, record_hash_id
 from streams.normalizers.cloudinary import SOURCE, normalize
+from streams.ordering import mark_for, order_token, staleness
 
 fixture = partial(fixture_bytes, SOURCE)
 load = partial(load_fixture, SOURCE)
@@ -60,7 +61,7 @@ def test_upload_maps_every_field() -> None:
         bucket=None,
         size=380250,
         etag="0b40494da087cba7092d29c58aede2e2",
-        version_id="1608120578",
+        version_id="3144395a27aa6c02df1ca8aaf9aa6e7a",  # the provider's, not `version`
         time=datetime(2022, 11, 17, 9, 7, 50, 766353, tzinfo=UTC),  # triggered_at
         sequencer=None,
         provider="cloudinary",
@@ -84,7 +85,7 @@ def test_delete_without_request_id_derives_its_id() -> None:
         ),
         type="deleted",
         key="image/upload/kbwtr9kcadzuj2dcwebc",
-        version_id="1685815655",
+        version_id=None,  # a delete notification carries no version_id
         time=datetime(2023, 6, 3, 21, 32, 2, 988895, tzinfo=UTC),
         provider="cloudinary",
         version_only=False,
@@ -97,11 +98,50 @@ def test_bare_2021_delete_has_no_time() -> None:
     assert (event.type, event.key, event.time) == ("deleted", "image/upload/PM/totem/aaaa", None)
 
 
-def test_upload_then_delete_of_the_same_asset_share_key_and_version() -> None:
+def test_upload_then_delete_of_the_same_asset_share_key_and_raw_version() -> None:
     [created] = normalize(delivery(fixture("comment_2021_upload.json")))
     [deleted] = normalize(delivery(fixture("comment_2021_delete.json")))
-    assert (created.key, created.version_id) == (deleted.key, deleted.version_id)
+    assert created.key == deleted.key
+    assert created.raw is not None and deleted.raw is not None
+    assert created.raw["version"] == deleted.raw["version"]
     assert created.id != deleted.id
+
+
+def test_version_id_is_the_providers_version_id() -> None:
+    """`version_id` names the stored version (a hash); `version` is its upload time."""
+    [event] = normalize(delivery(fixture("comment_2021_upload.json")))
+    assert event.version_id == "44896e4bad670eedb860bb758b3495b1"
+    [event] = normalize(delivery(upload_with(version_id=None)))
+    assert event.version_id is None  # not `version` in its place
+    [event] = normalize(delivery(upload_with(version_id="")))
+    assert event.version_id is None
+    _, created = normalize(delivery(encode(rename_body(version=1685826817, version_id="ab12"))))
+    assert created.version_id == "ab12"
+    body = load("jackdbd_image_deleted.json")
+    body["resources"][0]["version_id"] = "cd34"
+    [deleted] = normalize(delivery(encode(body)))
+    assert deleted.version_id == "cd34"
+
+
+def test_ordering_stays_on_the_event_time() -> None:
+    """A re-upload's `version_id` is a hash, no later or earlier than the last: nothing
+    orders by it, the event time does (no sequencer)."""
+    first = load("jackdbd_image_uploaded.json")
+    second = set_fields(
+        load("jackdbd_image_uploaded.json"),
+        {
+            "request_id": "r2",
+            "version": 1608120999,
+            "version_id": "0000000000000000000000000000000",
+            "notification_context": {"triggered_at": "2022-11-17T09:09:00Z"},
+        },
+    )
+    [a] = normalize(delivery(encode(first)))
+    [b] = normalize(delivery(encode(second)))
+    assert b.version_id is not None and a.version_id is not None and b.version_id < a.version_id
+    assert (order_token(a), order_token(b)) == (None, None)
+    assert staleness(a, mark_for(b)) is not None  # the earlier upload, late: stale
+    assert staleness(b, mark_for(a)) is None
 
 
 def test_bulk_delete_gives_one_event_per_resource_in_order() -> None:
@@ -251,6 +291,7 @@ def upload_with(**changes: Any) -> bytes:
         (upload_with(type=5), "type is missing"),
         (upload_with(resource_type="image/x"), "contains '/'"),
         (upload_with(version=1.5), "version is not an integer"),
+        (upload_with(version_id=5), "version_id is not a string"),
         (upload_with(bytes="many"), "bytes is not an integer"),
         (upload_with(request_id=1), "request_id is not a string"),
         (upload_with(etag=[]), "etag is not a string"),
@@ -298,6 +339,7 @@ notifications = st.fixed_dictionaries(
         "version": versions,
     },
     optional={
+        "version_id": mostly(st.none() | st.text(alphabet="0123456789abcdef", max_size=32)),
         "request_id": mostly(st.text(alphabet="0123456789abcdef", max_size=8)),
         "bytes": mostly(st.integers(0, 2**40)),
         "etag": mostly(st.text(max_size=8)),

@@ -26,6 +26,7 @@ class BridgeProcess:
         return self.log_path.read_text(errors="replace")
 
     def metric(self, name: str) -> float:
+        """The sum of `name`'s samples, whatever their labels (one bridge serves one queue)."""
         try:
             with urllib.request.urlopen(
                 f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
@@ -33,8 +34,8 @@ class BridgeProcess:
                 text = response.read().decode()
         except OSError:
             return 0.0
-        found = re.search(rf"^{name} (\S+)$", text, re.MULTILINE)
-        return float(found.group(1)) if found else 0.0
+        found = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+        return sum(float(value) for value in found)
 
     def wait_metric(self, name: str, at_least: float, timeout_s: float = 30) -> None:
         def reached() -> bool:

@@ -10,6 +10,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from support.event_schema import check_record
+
 Header = tuple[str, bytes]
 
 
@@ -88,6 +90,9 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
             batches = await consumer.getmany(timeout_ms=500)
             for messages in batches.values():
                 for message in messages:
+                    headers = dict(message.headers)
+                    # an output or stale record must match the schema it names
+                    check_record(message.topic, message.offset, message.value, headers)
                     records.append(
                         Read(
                             message.topic,
@@ -95,7 +100,7 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
                             message.offset,
                             message.key,
                             message.value,
-                            dict(message.headers),
+                            headers,
                         )
                     )
         return sorted(records, key=lambda read: (read.partition, read.offset))

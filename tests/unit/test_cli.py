@@ -24,6 +24,7 @@ FIELDS = [
     "time",
     "sequencer",
     "provider",
+    "version_only",
 ]
 
 
@@ -45,9 +46,16 @@ def run(
     return result
 
 
-def lines(result: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+def lines(
+    result: subprocess.CompletedProcess[str], why: str | None = None
+) -> list[dict[str, Any]]:
+    """The JSON lines of a successful run; `why`: text stderr must give when nothing came out
+    (streams.cli: exit 0 with the reason), else stderr is empty."""
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    if why is None:
+        assert result.stderr == ""
+    else:
+        assert why in result.stderr, result.stderr
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
@@ -78,6 +86,7 @@ S3_EVENT = {
     "time": "2026-11-30T00:08:07Z",
     "sequencer": "0055AED6DCD90281E5",
     "provider": "s3",
+    "version_only": None,
 }
 
 
@@ -114,8 +123,8 @@ def test_instance_applies_the_instance_rules(tmp_path: Path) -> None:
     base = ["--source", "s3", "--config", str(config), str(S3_PUT)]
     (line,) = lines(run(*base, "--instance", "photos"))
     assert line == S3_EVENT | {"key": "red flower.jpg", "size": None}
-    assert lines(run(*base, "--instance", "videos")) == []  # outside the prefix
-    assert lines(run(*base, "--instance", "elsewhere")) == []  # another bucket
+    assert lines(run(*base, "--instance", "videos"), "(prefix)") == []  # outside the prefix
+    assert lines(run(*base, "--instance", "elsewhere"), "(bucket)") == []  # another bucket
 
 
 def test_instance_from_streams_config(tmp_path: Path) -> None:
@@ -142,7 +151,7 @@ def test_s3_test_event_prints_nothing() -> None:
             "HostId": "8cLeGAmw098X5cv4Zkwcmo8vvZa3eH3eKxsPzbB9wrR+YstdA6Knx4Ip8EXAMPLE",
         }
     ).encode()
-    assert lines(run("--source", "s3", "-", stdin=body)) == []
+    assert lines(run("--source", "s3", "-", stdin=body), "s3:TestEvent") == []
 
 
 def test_attributes_reach_gcs() -> None:

@@ -133,6 +133,7 @@ def test_an_event_is_emitted_with_cloudevents_headers() -> None:
         "ce_source": b"/storage-events/a/s3",
         "ce_subject": b"photos/red flower.jpg",
         "ce_time": b"2026-11-30T00:08:07Z",
+        "ce_dataschema": b"urn:storage-events:schema:file-event:v1",
         "content-type": b"application/json",
     }
     assert outcomes(result) == {("a", "emitted"): 1}

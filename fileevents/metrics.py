@@ -1,0 +1,151 @@
+"""Prometheus metrics of a consumer: what each handler did, how long it took, and what
+became of each record.
+
+A library must not register into the application's global registry on its own (two
+`FileEvents` in one process would collide there), so `FileEventsMetrics` is a collector of
+its own: `FileEvents` serves it on `metrics_port` when asked, and an application that
+already serves `/metrics` registers it there (`prometheus_client.REGISTRY.register(
+events.metrics)`). Several `FileEvents` of one process share one by passing it as
+`metrics=`; their series differ by `topic` and `group`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from fileevents.errors import DECODE
+
+_HANDLER_LABELS = ("topic", "group", "handler")
+
+HANDLER_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+"""From a few milliseconds (a row upsert) to the default timeout and past it."""
+
+
+class FileEventsMetrics(Collector):
+    """The consumer's metrics; `collect` makes it a collector for any registry.
+
+    Per handler (`handler` = `module.qualname`, or `<decode>` for records that are not
+    events): runs that succeeded (`fileevents_handled_total`), runs that failed, timeouts
+    included (`fileevents_failed_total`), of which timeouts (`fileevents_timed_out_total`),
+    failures followed by a retry (`fileevents_retried_total`), records dead-lettered
+    (`fileevents_dead_lettered_total`), and the duration of every run
+    (`fileevents_handler_seconds`). Per record: its `Outcome` (`fileevents_records_total`).
+    """
+
+    def __init__(self) -> None:
+        self.handled = Counter(
+            "fileevents_handled",
+            "Handler runs that succeeded",
+            _HANDLER_LABELS,
+            registry=None,
+        )
+        self.failed = Counter(
+            "fileevents_failed",
+            "Handler runs that raised or ran past their timeout",
+            _HANDLER_LABELS,
+            registry=None,
+        )
+        self.timed_out = Counter(
+            "fileevents_timed_out",
+            "Handler runs cancelled because they ran past their timeout (also counted failed)",
+            _HANDLER_LABELS,
+            registry=None,
+        )
+        self.retried = Counter(
+            "fileevents_retried",
+            "Failed handler runs that the event is retried after (at the failing handler)",
+            _HANDLER_LABELS,
+            registry=None,
+        )
+        self.dead_lettered = Counter(
+            "fileevents_dead_lettered",
+            "Records written to the dead-letter topic, by the handler that failed last",
+            _HANDLER_LABELS,
+            registry=None,
+        )
+        self.handler_seconds = Histogram(
+            "fileevents_handler_seconds",
+            "Duration of each handler run, failed and timed-out runs included",
+            _HANDLER_LABELS,
+            buckets=HANDLER_SECONDS_BUCKETS,
+            registry=None,
+        )
+        self.records = Counter(
+            "fileevents_records",
+            "Records done with, by outcome (handled, duplicate, dead_lettered, no_handler, "
+            "tombstone, interrupted)",
+            ("topic", "group", "outcome"),
+            registry=None,
+        )
+        self._all = (
+            self.handled,
+            self.failed,
+            self.timed_out,
+            self.retried,
+            self.dead_lettered,
+            self.handler_seconds,
+            self.records,
+        )
+
+    def start_at_zero(
+        self, topic: str, group: str, handlers: Iterable[str], outcomes: Iterable[str]
+    ) -> None:
+        """Create the series of these handlers and outcomes at 0: a counter series that
+        first appears with its first increment is invisible to `increase()` and `rate()` for
+        that increment (an alert on dead letters would miss the first one)."""
+        for handler in handlers:
+            for counter in (self.handled, self.failed, self.timed_out, self.retried):
+                counter.labels(topic, group, handler)
+            self.dead_lettered.labels(topic, group, handler)
+            self.handler_seconds.labels(topic, group, handler)
+        self.dead_lettered.labels(topic, group, DECODE)
+        for outcome in outcomes:
+            self.records.labels(topic, group, outcome)
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._all:
+            yield from metric.collect()
+
+    def describe(self) -> Iterator[Metric]:
+        """The families without samples: a registry refuses a second collector with the
+        same names at `register` (share one instead), rather than serving both."""
+        for metric in self._all:
+            yield from metric.describe()
+
+    def registry(self) -> CollectorRegistry:
+        """A registry holding these metrics alone (what `metrics_port` serves)."""
+        registry = CollectorRegistry()
+        registry.register(self)
+        return registry
+
+
+async def serve(metrics: FileEventsMetrics, host: str, port: int) -> web.AppRunner:
+    """Serve `GET /metrics` on `host:port` until the returned runner is cleaned up.
+
+    Raises `OSError` naming the address when it cannot listen there."""
+    registry = metrics.registry()
+
+    async def exposition(_: web.Request) -> web.Response:
+        response = web.Response(body=generate_latest(registry))
+        response.content_type = CONTENT_TYPE_LATEST.split(";")[0]
+        response.charset = "utf-8"
+        return response
+
+    app = web.Application()
+    app.router.add_get("/metrics", exposition)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise OSError(
+            exc.errno, f"FileEvents metrics_port: cannot listen on {host}:{port} ({exc})"
+        ) from exc
+    return runner

@@ -1,0 +1,107 @@
+"""One log line per cause every few seconds, not one per retry, from the Kafka client.
+
+While Kafka is away, aiokafka logs every attempt of every client: "Unable connect to node",
+"Unable to update metadata", "Group Coordinator Request failed", "Failed fetch messages",
+thousands of ERROR lines a minute for one outage. `RepeatFilter` lets the first record of a
+logger and message template through, drops its repeats for `every_s` seconds, and lets the
+next one through with how many it dropped ("(and 212 more like it in 5 s)"). Records that
+differ only in their arguments (a node id, a group, a transactional id) are one cause.
+
+Retriable start-up noise is demoted: the broker answers GroupCoordinatorNotAvailable while it
+loads the group's coordinator partition (a normal start, not an error); it is logged at INFO.
+A real outage is still visible: in the other lines, and on the worker's `/ready` and the
+bridges' `/healthz`.
+
+`install_kafka_log_filter()` puts one filter on every logger of the Kafka client libraries
+(a logger's filters see the records logged on it, whatever handlers the process configured:
+Faust's for the worker, `logging.basicConfig` for the bridges).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+KAFKA_LOGGERS = ("aiokafka", "faust.transport")
+"""Logger name prefixes the filter is installed on."""
+EVERY_S = 5.0
+DEMOTED = ("GroupCoordinatorNotAvailableError",)
+"""Retriable errors that are part of a normal start: logged at INFO, not ERROR."""
+
+
+@dataclass(slots=True)
+class _Seen:
+    passed_at: float
+    dropped: int = 0
+
+
+class RepeatFilter(logging.Filter):
+    """Collapse repeats per (logger, message template) to one record every `every_s`."""
+
+    def __init__(
+        self, every_s: float = EVERY_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._clock = clock
+        self._seen: dict[tuple[str, str], _Seen] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and _is_demoted(record):
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        key = (record.name, str(record.msg))
+        now = self._clock()
+        seen = self._seen.get(key)
+        if seen is not None and now - seen.passed_at < self.every_s:
+            seen.dropped += 1
+            return False
+        if seen is not None and seen.dropped:
+            record.msg = f"{record.msg} (and %d more like it in %.0f s)"
+            args = record.args if isinstance(record.args, tuple) else (record.args,)
+            record.args = (
+                *(args if record.args is not None else ()),
+                seen.dropped,
+                now - seen.passed_at,
+            )
+        self._seen[key] = _Seen(now)
+        return True
+
+
+def _is_demoted(record: logging.LogRecord) -> bool:
+    try:
+        text = record.getMessage()
+    except Exception:  # a malformed record is not ours to fix
+        return False
+    return any(name in text for name in DEMOTED)
+
+
+def install_kafka_log_filter(
+    prefixes: Iterable[str] = KAFKA_LOGGERS, every_s: float = EVERY_S
+) -> RepeatFilter:
+    """Put one RepeatFilter on every logger under `prefixes` (importing aiokafka first, so
+    that its module loggers exist); idempotent. Returns the filter."""
+    # Importing them creates their module loggers (aiokafka.client logs as "aiokafka").
+    import aiokafka
+    import aiokafka.admin
+    import aiokafka.helpers  # noqa: F401
+
+    prefixes = tuple(prefixes)
+    manager = logging.Logger.manager
+    names = [
+        name
+        for name in list(manager.loggerDict)
+        if any(name == prefix or name.startswith(f"{prefix}.") for prefix in prefixes)
+    ]
+    installed: RepeatFilter | None = None
+    for name in sorted({*names, *prefixes}):
+        logger = logging.getLogger(name)
+        existing = next((f for f in logger.filters if isinstance(f, RepeatFilter)), None)
+        if existing is not None:
+            installed = installed or existing
+            continue
+        installed = installed or RepeatFilter(every_s)
+        logger.addFilter(installed)
+    assert installed is not None
+    return installed

@@ -1,0 +1,516 @@
+"""What an operator sees of the stream's progress: `python -m streams status` and the worker's
+progress line.
+
+The status view reads the truth from where it lives, so that it cannot disagree with it:
+
+* per stage group (`<app_id>-normalize`, `<app_id>-emit`): its members and each partition's
+  owner (Kafka's group description), committed offsets (the group's offsets) against the
+  input topics' end offsets (`read_committed`), and their difference, the lag;
+* restore progress: only the worker knows how far its restore got, so it comes from each
+  worker's `/ready` JSON (`stages.emit.restore`: restoring since when, or restored how many
+  changelog records in how long), next to the changelogs' sizes from Kafka;
+* per instance: the time of the last event (the newest record on its output topic) and
+  events/s (the workers' `storage_events_emitted_total`, between two reads of `/metrics`).
+
+`snapshot` does the I/O; `render` and `progress_line` are pure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+from prometheus_client.parser import text_string_to_metric_families
+
+from streams.config import Settings
+from streams.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic
+
+LAST_RECORDS = 4
+"""Offsets read back from each output partition's end to find its newest event: a
+transaction's commit marker takes an offset too, so the last one may be no record."""
+HTTP_TIMEOUT_S = 2.0
+STAGES = ("normalize", "emit")
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    member_id: str
+    client_id: str
+    host: str
+    partitions: tuple[str, ...]
+    """`topic[partition]` it owns."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    owner: str | None
+    """The owning member's id, None when nobody has it (no worker, or a rebalance)."""
+    committed: int | None
+    """The group's committed offset; None before its first commit."""
+    end: int
+    lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    name: str
+    state: str
+    """Kafka's group state: Stable, PreparingRebalance, CompletingRebalance, Empty, Dead."""
+    members: tuple[Member, ...]
+    partitions: tuple[PartitionLag, ...]
+
+    @property
+    def lag(self) -> int:
+        return sum(row.lag for row in self.partitions)
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStatus:
+    name: str
+    topic: str
+    records: int | None
+    """Offsets on the output topic (records and commit markers); None when it is missing."""
+    last_event_at: float | None
+    """The newest record's timestamp (s since the epoch), None when there is none."""
+    emitted: float | None
+    """`storage_events_emitted_total` summed over the workers answering; None if none does."""
+    events_per_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    url: str
+    ready: bool | None
+    """None when it did not answer."""
+    error: str | None
+    stages: Mapping[str, Any] = field(default_factory=dict)
+    """Its `/ready` JSON's stages (the emit stage's carries `restore`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    bootstrap: str
+    taken_at: float
+    groups: tuple[GroupStatus, ...]
+    changelogs: Mapping[str, int]
+    """Per changelog topic: offsets it holds over all partitions (what a full restore reads)."""
+    instances: tuple[InstanceStatus, ...]
+    workers: tuple[WorkerStatus, ...]
+    emitted_at: float | None = None
+    """When `instances[*].emitted` was read (for the next snapshot's rates)."""
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for group, status in zip(data["groups"], self.groups, strict=True):
+            group["lag"] = status.lag
+        return data
+
+
+def parse_assignment(raw: bytes) -> tuple[str, ...]:
+    """A member's assignment from its DescribeGroups bytes, as `topic[partition]`."""
+    if not raw:
+        return ()
+    assignment = ConsumerProtocolMemberAssignment.decode(raw)
+    return tuple(f"{tp.topic}[{tp.partition}]" for tp in sorted(assignment.partitions()))
+
+
+def lag_of(committed: int | None, beginning: int, end: int) -> int:
+    """Records the group has still to read: from its committed offset (or from the topic's
+    beginning, where `auto_offset_reset=earliest` starts it) to the end."""
+    start = beginning if committed is None or committed < beginning else committed
+    return max(0, end - start)
+
+
+def emitted_totals(metrics_text: str) -> dict[str, float]:
+    """`storage_events_emitted_total` per instance from a worker's `/metrics` text."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != "storage_events_emitted":
+            continue
+        for sample in family.samples:
+            if sample.name == "storage_events_emitted_total":
+                instance = sample.labels.get("instance", "")
+                totals[instance] = totals.get(instance, 0.0) + sample.value
+    return totals
+
+
+async def _http_get(url: str) -> tuple[int, str]:
+    timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session, session.get(url) as response:
+        return response.status, await response.text()
+
+
+async def _worker(url: str) -> tuple[WorkerStatus, dict[str, float] | None]:
+    base = url.rstrip("/")
+    try:
+        _, ready_text = await _http_get(f"{base}/ready")
+        status, metrics_text = await _http_get(f"{base}/metrics")
+        body = json.loads(ready_text)
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        # ValueError: not the worker's JSON (another service on that port)
+        return WorkerStatus(url, None, f"no answer ({exc.__class__.__name__})"), None
+    totals = emitted_totals(metrics_text) if status == 200 else None
+    return (
+        WorkerStatus(url, bool(body.get("ready")), None, dict(body.get("stages") or {})),
+        totals,
+    )
+
+
+async def workers_emitted(
+    urls: Sequence[str],
+) -> tuple[list[WorkerStatus], dict[str, float] | None, float]:
+    """Each worker's state and the emitted totals summed over those that answered."""
+    answers = await asyncio.gather(*(_worker(url) for url in urls))
+    read_at = time.time()
+    summed: dict[str, float] | None = None
+    for _, totals in answers:
+        if totals is None:
+            continue
+        summed = summed or {}
+        for instance, value in totals.items():
+            summed[instance] = summed.get(instance, 0.0) + value
+    return [worker for worker, _ in answers], summed, read_at
+
+
+async def _group(
+    admin: AIOKafkaAdminClient,
+    consumer: AIOKafkaConsumer,
+    name: str,
+    topics: Iterable[str],
+    partitions_of: Mapping[str, list[int]],
+) -> GroupStatus:
+    described = (await admin.describe_consumer_groups([name]))[0].to_object()["groups"][0]
+    members = tuple(
+        Member(
+            member["member_id"],
+            member["client_id"],
+            member["client_host"],
+            parse_assignment(member["member_assignment"]),
+        )
+        for member in described["members"]
+    )
+    owners = {part: member.member_id for member in members for part in member.partitions}
+    partitions = [
+        TopicPartition(topic, partition)
+        for topic in topics
+        for partition in partitions_of.get(topic, ())
+    ]
+    committed = await admin.list_consumer_group_offsets(name, partitions=partitions or None)
+    beginnings = await consumer.beginning_offsets(partitions) if partitions else {}
+    ends = await consumer.end_offsets(partitions) if partitions else {}
+    rows = []
+    for tp in partitions:
+        offset = committed.get(tp)
+        value = offset.offset if offset is not None and offset.offset >= 0 else None
+        rows.append(
+            PartitionLag(
+                tp.topic,
+                tp.partition,
+                owners.get(f"{tp.topic}[{tp.partition}]"),
+                value,
+                ends[tp],
+                lag_of(value, beginnings[tp], ends[tp]),
+            )
+        )
+    return GroupStatus(name, described["state"], members, tuple(rows))
+
+
+async def _topic_partitions(admin: AIOKafkaAdminClient) -> dict[str, list[int]]:
+    """Every topic's partitions (one metadata request; it never creates a topic)."""
+    return {
+        topic["topic"]: sorted(partition["partition"] for partition in topic["partitions"])
+        for topic in await admin.describe_topics(None)
+        if not topic["error_code"]
+    }
+
+
+async def _newest_timestamp(
+    consumer: AIOKafkaConsumer, topic: str, numbers: Iterable[int]
+) -> tuple[int, float | None]:
+    """Offsets on `topic` and the timestamp of its newest committed record."""
+    partitions = [TopicPartition(topic, p) for p in numbers]
+    beginnings = await consumer.beginning_offsets(partitions)
+    ends = await consumer.end_offsets(partitions)
+    remaining = {tp for tp in partitions if ends[tp] > beginnings[tp]}
+    newest: float | None = None
+    if remaining:
+        consumer.assign(sorted(remaining))
+        for tp in remaining:
+            consumer.seek(tp, max(beginnings[tp], ends[tp] - LAST_RECORDS))
+        deadline = time.monotonic() + 5.0
+        while remaining and time.monotonic() < deadline:
+            fetched = await consumer.getmany(*remaining, timeout_ms=500)
+            for records in fetched.values():
+                for record in records:
+                    newest = max(newest or 0.0, record.timestamp / 1000)
+            for tp in list(remaining):
+                if await consumer.position(tp) >= ends[tp]:
+                    remaining.discard(tp)
+        consumer.unsubscribe()
+    return sum(ends[tp] - beginnings[tp] for tp in partitions), newest
+
+
+async def snapshot(
+    settings: Settings,
+    worker_urls: Sequence[str],
+    previous: Snapshot | None = None,
+    sample_s: float = 1.0,
+) -> Snapshot:
+    """Everything `render` shows. Events/s compare the workers' emitted totals with
+    `previous`'s, or, without one, with a first read `sample_s` earlier."""
+    bootstrap = settings.kafka.bootstrap_servers
+    first: tuple[dict[str, float] | None, float] | None = None
+    if previous is not None and previous.emitted_at is not None:
+        first = (
+            {i.name: i.emitted for i in previous.instances if i.emitted is not None},
+            previous.emitted_at,
+        )
+    elif worker_urls:
+        _, totals, read_at = await workers_emitted(worker_urls)
+        first = (totals, read_at)
+    connection = settings.kafka.aiokafka_args()  # TLS and SASL: streams.kafka_settings
+    admin = AIOKafkaAdminClient(**connection, client_id="storage-events-status")
+    await admin.start()
+    try:
+        consumer = AIOKafkaConsumer(
+            **connection,
+            client_id="storage-events-status",
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+        )
+        await consumer.start()
+        try:
+            known = await _topic_partitions(admin)
+            stream = settings.stream
+            app = stream.app_id
+            groups = (
+                await _group(
+                    admin,
+                    consumer,
+                    f"{app}-normalize",
+                    [topic.name for topic in stream.raw_topics],
+                    known,
+                ),
+                await _group(admin, consumer, f"{app}-emit", [stream.repartition_topic], known),
+            )
+            changelogs: dict[str, int] = {}
+            for table in (SEEN_TABLE, MARKS_TABLE):
+                topic = changelog_topic(settings, table)
+                if topic in known:
+                    changelogs[topic] = await _offsets_held(consumer, topic, known[topic])
+            outputs: list[tuple[str, str, int | None, float | None]] = []
+            for instance in settings.instances:
+                if instance.output_topic in known:
+                    records, newest = await _newest_timestamp(
+                        consumer, instance.output_topic, known[instance.output_topic]
+                    )
+                    outputs.append((instance.name, instance.output_topic, records, newest))
+                else:
+                    outputs.append((instance.name, instance.output_topic, None, None))
+        finally:
+            await consumer.stop()
+    finally:
+        await admin.close()
+    if first is not None and previous is None:
+        await asyncio.sleep(max(0.0, first[1] + sample_s - time.time()))
+    workers, totals, read_at = await workers_emitted(worker_urls)
+    instances = []
+    for name, topic, held, newest in outputs:
+        emitted = totals.get(name, 0.0) if totals is not None else None
+        rate = None
+        if first is not None and first[0] is not None and emitted is not None:
+            before = first[0].get(name, 0.0)
+            elapsed = read_at - first[1]
+            if elapsed > 0:
+                rate = max(0.0, emitted - before) / elapsed
+        instances.append(InstanceStatus(name, topic, held, newest, emitted, rate))
+    return Snapshot(
+        bootstrap,
+        time.time(),
+        groups,
+        changelogs,
+        tuple(instances),
+        tuple(workers),
+        read_at if totals is not None else None,
+    )
+
+
+async def _offsets_held(consumer: AIOKafkaConsumer, topic: str, numbers: Iterable[int]) -> int:
+    """Offsets on `topic` over all partitions (no records read)."""
+    partitions = [TopicPartition(topic, p) for p in numbers]
+    beginnings = await consumer.beginning_offsets(partitions)
+    ends = await consumer.end_offsets(partitions)
+    return sum(ends[tp] - beginnings[tp] for tp in partitions)
+
+
+def _when(at: float | None, now: float) -> str:
+    if at is None:
+        return "-"
+    stamp = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"{stamp} ({max(0.0, now - at):.0f} s ago)"
+
+
+def _tag(member_id: str | None) -> str:
+    """A member's short name: the first 8 hex digits of the UUID Kafka appends to its client id
+    (or, with static membership, its group instance id)."""
+    if member_id is None:
+        return "(none)"
+    if len(member_id) > 37 and member_id[-37] == "-":
+        return member_id[-36:-28]
+    return member_id
+
+
+def _name(member_id: str) -> str:
+    """The member id without its UUID: the client id or the group instance id."""
+    return member_id[:-37] if len(member_id) > 37 and member_id[-37] == "-" else member_id
+
+
+def _restore(stages: Mapping[str, Any], now: float) -> str:
+    restore = (stages.get("emit") or {}).get("restore")
+    if not restore:
+        return "restore: not started"
+    partitions = ",".join(str(p) for p in restore.get("partitions", ()))
+    if restore.get("state") == "restoring":
+        since = float(restore.get("since", now))
+        return f"restore: restoring partitions [{partitions}] for {now - since:.1f} s"
+    return (
+        f"restore: restored partitions [{partitions}]: {restore.get('records', 0)} changelog "
+        f"records in {float(restore.get('seconds', 0.0)):.2f} s"
+    )
+
+
+def render(snap: Snapshot) -> str:
+    """One screen of text."""
+    now = snap.taken_at
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    lines = [f"storage-events status  kafka {snap.bootstrap}  {stamp}", ""]
+    for group in snap.groups:
+        plural = "" if len(group.members) == 1 else "s"
+        lines.append(
+            f"group {group.name}  {group.state}  {len(group.members)} member{plural}  "
+            f"lag {group.lag}"
+        )
+        for member in group.members:
+            owned = " ".join(member.partitions) or "nothing"
+            lines.append(
+                f"  member {_tag(member.member_id)} {_name(member.member_id)} "
+                f"{member.host}: {owned}"
+            )
+        lines.append(f"  {'partition':<40} {'owner':<10} {'committed':>12} {'end':>12} {'lag':>10}")
+        for row in group.partitions:
+            committed = "-" if row.committed is None else str(row.committed)
+            lines.append(
+                f"  {row.topic + '[' + str(row.partition) + ']':<40} {_tag(row.owner):<10} "
+                f"{committed:>12} {row.end:>12} {row.lag:>10}"
+            )
+        if not group.partitions:
+            lines.append("  (its topics do not exist yet)")
+        lines.append("")
+    if snap.changelogs:
+        sizes = ", ".join(f"{topic} {count}" for topic, count in snap.changelogs.items())
+        lines.append(f"state changelogs (offsets a full restore reads): {sizes}")
+    for worker in snap.workers:
+        if worker.ready is None:
+            lines.append(f"worker {worker.url}: {worker.error}")
+            continue
+        state = "ready" if worker.ready else "not ready"
+        stuck = [
+            f"{stage} stuck: {info['why']}"
+            for stage, info in worker.stages.items()
+            if isinstance(info, Mapping) and "why" in info
+        ]
+        lines.append(
+            f"worker {worker.url}: {state}; {_restore(worker.stages, now)}"
+            + "".join(f"; {text}" for text in stuck)
+        )
+    lines.append("")
+    lines.append(f"  {'instance':<20} {'topic':<40} {'events/s':>9} {'emitted':>9}  last event")
+    for instance in snap.instances:
+        rate = "?" if instance.events_per_s is None else f"{instance.events_per_s:.1f}"
+        emitted = "?" if instance.emitted is None else f"{instance.emitted:.0f}"
+        last = "topic missing" if instance.records is None else _when(instance.last_event_at, now)
+        lines.append(f"  {instance.name:<20} {instance.topic:<40} {rate:>9} {emitted:>9}  {last}")
+    if not any(worker.ready is not None for worker in snap.workers):
+        lines.append("  (events/s and emitted: from the workers' /metrics; none answered)")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressCounts:
+    """What the worker's progress line compares between two of its lines."""
+
+    at: float
+    records: Mapping[str, float]
+    """Records handled per stage (storage_events_stage_records_total)."""
+    dead_letters: float
+    """storage_events_dead_lettered_total over every stage."""
+
+
+def progress_line(
+    previous: ProgressCounts, current: ProgressCounts, lags: Mapping[str, int | None]
+) -> str:
+    """The worker's one line a minute: records/s per stage since the last line, each stage's
+    lag on this worker's partitions (None: not known yet), dead letters."""
+    elapsed = max(current.at - previous.at, 1e-9)
+    parts = []
+    for stage in STAGES:
+        rate = (current.records.get(stage, 0.0) - previous.records.get(stage, 0.0)) / elapsed
+        lag = lags.get(stage)
+        parts.append(f"{stage} {rate:.1f} records/s, lag {'?' if lag is None else lag}")
+    new_letters = current.dead_letters - previous.dead_letters
+    return (
+        f"progress over {elapsed:.0f} s: {'; '.join(parts)}; dead letters "
+        f"{current.dead_letters:.0f} (+{new_letters:.0f})"
+    )
+
+
+class ProgressReporter:
+    """Reads the worker's counters for `progress_line`, remembering the last reading so each
+    line covers the time since the previous one. The lag is the worker's own
+    `storage_events_stage_lag` gauge (its partitions' end minus its position)."""
+
+    def __init__(self) -> None:
+        self._last = self.counts()
+
+    @staticmethod
+    def counts() -> ProgressCounts:
+        from prometheus_client import REGISTRY
+
+        records = {
+            stage: REGISTRY.get_sample_value("storage_events_stage_records_total", {"stage": stage})
+            or 0.0
+            for stage in STAGES
+        }
+        letters = sum(
+            REGISTRY.get_sample_value("storage_events_dead_lettered_total", {"stage": stage}) or 0.0
+            for stage in STAGES
+        )
+        return ProgressCounts(time.monotonic(), records, letters)
+
+    @staticmethod
+    def lags() -> dict[str, int | None]:
+        from prometheus_client import REGISTRY
+
+        lags: dict[str, int | None] = {}
+        for stage in STAGES:
+            value = REGISTRY.get_sample_value("storage_events_stage_lag", {"stage": stage})
+            lags[stage] = None if value is None else int(value)
+        return lags
+
+    def line(self) -> str:
+        current = self.counts()
+        text = progress_line(self._last, current, self.lags())
+        self._last = current
+        return text

@@ -1,0 +1,79 @@
+"""The engine settings and the librdkafka engine's pure parts (streams.engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from streams.config import ConfigError, load_settings
+from streams.engine.consumer import consumer_config
+from streams.engine.producer import acknowledgements, produce_args, producer_config
+from streams.kafka_settings import KafkaSettings
+from streams.records import OutRecord
+
+
+def test_the_engine_defaults_to_aiokafka_and_librdkafka_speaks_kip_848() -> None:
+    stream = load_settings(environ={}).stream
+    assert (stream.engine, stream.group_protocol) == ("aiokafka", "consumer")
+    chosen = load_settings(
+        environ={"STREAMS_ENGINE": "librdkafka", "STREAMS_GROUP_PROTOCOL": "classic"}
+    ).stream
+    assert (chosen.engine, chosen.group_protocol) == ("librdkafka", "classic")
+
+
+@pytest.mark.parametrize(
+    ("variable", "field"),
+    [("STREAMS_ENGINE", "engine"), ("STREAMS_GROUP_PROTOCOL", "group_protocol")],
+)
+def test_an_unknown_engine_setting_stops_start_up_naming_it(variable: str, field: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={variable: "kafka-streams"})
+    assert field in str(caught.value) and variable in str(caught.value)
+
+
+def test_the_consumer_protocol_leaves_session_and_assignor_to_the_broker() -> None:
+    connection = KafkaSettings(bootstrap_servers="k:9092").librdkafka_config()
+    common = {
+        "client_id": "app-emit",
+        "group_id": "app-emit",
+        "group_instance_id": "w-0-emit",
+        "session_timeout_s": 15.0,
+    }
+    new = consumer_config(connection, group_protocol="consumer", **common)  # type: ignore[arg-type]
+    assert new["group.protocol"] == "consumer"
+    assert new["group.instance.id"] == "w-0-emit"
+    assert new["isolation.level"] == "read_committed"
+    # librdkafka refuses these with group.protocol=consumer.
+    assert not {"session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy"} & (
+        set(new)
+    )
+    classic = consumer_config(connection, group_protocol="classic", **common)  # type: ignore[arg-type]
+    assert classic["partition.assignment.strategy"] == "cooperative-sticky"
+    assert classic["session.timeout.ms"] == 15_000
+    assert new["bootstrap.servers"] == "k:9092"
+
+
+def test_every_producer_is_idempotent_with_the_java_partitioner() -> None:
+    config = producer_config(KafkaSettings(bootstrap_servers="k:9092"), "app-sender")
+    assert config["enable.idempotence"] is True and config["acks"] == "all"
+    assert config["partitioner"] == "murmur2_random"  # streams.partitioning.partition_for's
+
+
+def test_a_dictated_partition_and_headers_are_passed_on() -> None:
+    record = OutRecord("t", b"k", b"v", (("h", b"1"),), partition=3)
+    assert produce_args(record) == {
+        "value": b"v",
+        "key": b"k",
+        "headers": [("h", b"1")],
+        "partition": 3,
+    }
+    assert "partition" not in produce_args(OutRecord("t", b"k", None))
+
+
+def test_acknowledgements_give_each_partitions_last_offset_exactly() -> None:
+    records = [OutRecord("c", b"a", b"1"), OutRecord("c", b"b", b"2"), OutRecord("o", b"c", b"3")]
+    reports = [(None, 0, 7), (None, 0, 8), (None, 2, 40)]
+    acks = {(ack.topic, ack.partition): ack for ack in acknowledgements(records, reports)}
+    assert acks[("c", 0)].last_offset == 8 and acks[("c", 0)].count == 2
+    assert acks[("o", 2)].last_offset == 40
+    failed = acknowledgements(records[:1], [(object(), 0, -1)])  # type: ignore[list-item]
+    assert failed == []

@@ -1,0 +1,64 @@
+"""What `make run` and `make test` install on a fresh clone (issue 16, 2), by `make -n`.
+
+Running needs the project's Python package and the Kafka broker jars, nothing of the tests:
+no npm packages (Azurite and the other emulators), no redis-server through apt (which fails
+as non-root), no pytest. `make test` installs the test tooling and says so, one line each.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MAKE = shutil.which("make")
+CLONE_FILES = ("Makefile", "pyproject.toml", "package.json", "package-lock.json")
+
+pytestmark = pytest.mark.skipif(MAKE is None, reason="make is not installed")
+
+
+def dry_run(target: str, clone: Path) -> list[str]:
+    """The commands `make <target>` would run in a clone where nothing is installed yet."""
+    clone.mkdir(exist_ok=True)
+    for name in CLONE_FILES:
+        shutil.copy(ROOT / name, clone / name)
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
+    result = subprocess.run(
+        [str(MAKE), "-n", target], cwd=clone, env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_make_run_installs_the_package_only_and_starts_the_local_default(tmp_path: Path) -> None:
+    commands = dry_run("run", tmp_path)
+    text = "\n".join(commands)
+    assert "pip install --quiet -e ." in text
+    assert any(command.endswith("dev/run.py") for command in commands), text
+    for test_only in ("npm", "node_modules", "redis", "apt-get", "[test]", "make test:"):
+        assert test_only not in text, f"`make run` would run {test_only!r}:\n{text}"
+
+
+def test_make_test_installs_the_test_tooling_and_says_what(tmp_path: Path) -> None:
+    commands = dry_run("test", tmp_path)
+    text = "\n".join(commands)
+    assert "pip install --quiet -e '.[test]'" in text
+    assert "npm ci" in text
+    assert "apt-get install -y -qq redis-server" in text
+    assert any("-m pytest" in command for command in commands), text
+    said = [command for command in commands if "make test: installing" in command]
+    assert len(said) >= 3, text
+    assert any("[test]" in line and "pytest" in line for line in said), said
+    assert any("npm" in line and "azurite" in line for line in said), said
+    assert any("redis-server" in line for line in said), said
+
+
+def test_the_test_tooling_is_one_target_that_make_test_uses(tmp_path: Path) -> None:
+    tooling = dry_run("test-deps", tmp_path)
+    suite = dry_run("test", tmp_path / "again")
+    assert tooling, "make -n test-deps does nothing on a fresh clone"
+    assert all(command in suite for command in tooling)

@@ -1,0 +1,118 @@
+"""The pure parts of streams.status: lag, the member assignment, the metrics it reads, the
+screen and the worker's progress line."""
+
+from __future__ import annotations
+
+from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
+
+from streams.status import (
+    GroupStatus,
+    InstanceStatus,
+    Member,
+    PartitionLag,
+    ProgressCounts,
+    Snapshot,
+    WorkerStatus,
+    emitted_totals,
+    lag_of,
+    parse_assignment,
+    progress_line,
+    render,
+)
+
+MEMBER = "app-emit-0fc6949e-f2cd-4a84-b5a5-2fbf8d71aa11"
+
+
+def test_lag_counts_from_the_commit_or_from_the_beginning() -> None:
+    assert lag_of(7, 0, 10) == 3
+    assert lag_of(None, 4, 10) == 6  # never committed: auto_offset_reset=earliest
+    assert lag_of(2, 4, 10) == 6  # committed before what retention kept
+    assert lag_of(10, 0, 10) == 0
+
+
+def test_a_members_assignment_is_decoded() -> None:
+    raw = ConsumerProtocolMemberAssignment(0, [("by-key", [1, 0])], b"").encode()
+    assert parse_assignment(raw) == ("by-key[0]", "by-key[1]")
+    assert parse_assignment(b"") == ()
+
+
+def test_emitted_totals_sum_per_instance() -> None:
+    text = (
+        "# TYPE storage_events_emitted_total counter\n"
+        'storage_events_emitted_total{instance="a"} 3.0\n'
+        'storage_events_emitted_total{instance="b"} 1.0\n'
+        'storage_events_emitted_created{instance="a"} 1.7e9\n'
+        'storage_events_duplicates_total{instance="a"} 9.0\n'
+    )
+    assert emitted_totals(text) == {"a": 3.0, "b": 1.0}
+
+
+def snapshot() -> Snapshot:
+    group = GroupStatus(
+        "app-emit",
+        "Stable",
+        (Member(MEMBER, "app-emit", "/10.0.0.7", ("by-key[0]", "by-key[1]")),),
+        (
+            PartitionLag("by-key", 0, MEMBER, 5, 8, 3),
+            PartitionLag("by-key", 1, None, None, 0, 0),
+        ),
+    )
+    return Snapshot(
+        "kafka:9092",
+        1_800_000_100.0,
+        (group,),
+        {"app-seen-changelog": 12},
+        (
+            InstanceStatus("default", "files.events.default", 9, 1_800_000_090.0, 4.0, 2.5),
+            InstanceStatus("gone", "files.events.gone", None, None, None, None),
+        ),
+        (
+            WorkerStatus(
+                "http://w:6066",
+                False,
+                None,
+                {
+                    "emit": {
+                        "assigned": False,
+                        "restore": {"state": "restoring", "partitions": [0, 1], "since": 1.8e9},
+                    }
+                },
+            ),
+            WorkerStatus("http://x:6066", None, "no answer (ClientConnectorError)"),
+        ),
+    )
+
+
+def test_the_screen_shows_groups_owners_lag_restore_and_instances() -> None:
+    screen = render(snapshot())
+    assert "group app-emit  Stable  1 member  lag 3" in screen
+    assert "member 0fc6949e app-emit /10.0.0.7: by-key[0] by-key[1]" in screen
+    (row0,) = [line for line in screen.splitlines() if line.strip().startswith("by-key[0]")]
+    assert row0.split() == ["by-key[0]", "0fc6949e", "5", "8", "3"]
+    (row1,) = [line for line in screen.splitlines() if line.strip().startswith("by-key[1]")]
+    assert row1.split() == ["by-key[1]", "(none)", "-", "0", "0"]
+    assert "worker http://w:6066: not ready; restore: restoring partitions [0,1] for 100.0 s" in (
+        screen
+    )
+    assert "worker http://x:6066: no answer (ClientConnectorError)" in screen
+    (default,) = [line for line in screen.splitlines() if line.strip().startswith("default ")]
+    assert default.split()[:4] == ["default", "files.events.default", "2.5", "4"]
+    assert default.endswith("2027-01-15T08:01:30Z (10 s ago)")
+    assert "topic missing" in screen
+    assert len(screen.splitlines()) < 25  # one screen
+
+
+def test_the_json_carries_each_groups_lag() -> None:
+    data = snapshot().to_json()
+    assert data["groups"][0]["lag"] == 3
+    assert data["groups"][0]["partitions"][0]["owner"] == MEMBER
+
+
+def test_the_progress_line_covers_the_time_since_the_previous_one() -> None:
+    before = ProgressCounts(100.0, {"normalize": 10.0, "emit": 4.0}, 1.0)
+    after = ProgressCounts(160.0, {"normalize": 130.0, "emit": 64.0}, 3.0)
+    line = progress_line(before, after, {"normalize": 0, "emit": None})
+    assert line == (
+        "progress over 60 s: normalize 2.0 records/s, lag 0; emit 1.0 records/s, lag ?; "
+        "dead letters 3 (+2)"
+    )
