@@ -315,7 +315,7 @@ class Pipeline:
     def release(self, kept: set[TopicPartition]) -> None:
         """Partitions revoked or lost (librdkafka engine, incremental): close their local
         state; the partitions kept stay open and keep flowing."""
-        self.store.open(tp.partition for tp in kept)
+        self.store.open({tp.partition for tp in kept})
 
     async def close_consumers(self, timeout_s: float = 10.0) -> None:
         """Leave the groups before a dying worker goes down, so it is assigned nothing

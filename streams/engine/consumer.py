@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 Result = TypeVar("Result")
 CALL_TIMEOUT_S = 30.0
+TROUBLE_FRESH_S = 12.0
+"""librdkafka reconnects at least every reconnect.backoff.max.ms (10 s), saying so each time."""
 QUIET_ERRORS = frozenset({KafkaError._PARTITION_EOF, KafkaError._TIMED_OUT})
 
 
@@ -137,7 +139,9 @@ class RdBatchLoop:
         self.assigned = asyncio.Event()
         self.owned: set[TopicPartition] = set()
         self.answered_at: float | None = None
-        """When a fetch last returned records or librdkafka last reported no trouble."""
+        """When a fetch last returned records."""
+        self._trouble_at: float | None = None
+        """When librdkafka last said it cannot reach a broker."""
         self._next: dict[TopicPartition, int] = {}
         """Per partition, the next offset to hand on: what comes before was handed already."""
         self._rewinding: dict[TopicPartition, int] = {}
@@ -171,7 +175,14 @@ class RdBatchLoop:
         assert self._loop is not None
         future = asyncio.run_coroutine_threadsafe(work, self._loop)
         try:
-            future.result()
+            # Meanwhile the loop may need the consumer (a commit of the batch in hand,
+            # which the revoke waits for): serve its commands.
+            while True:
+                try:
+                    future.result(timeout=0.01)
+                    break
+                except concurrent.futures.TimeoutError:
+                    self._serve_commands()
         except concurrent.futures.CancelledError:
             pass
         except Exception as exc:
@@ -273,6 +284,7 @@ class RdBatchLoop:
 
     def _error(self, error: KafkaError) -> None:
         if error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
+            self._trouble_at = time.monotonic()
             log.debug("%s: %s", self.name, error)
         else:
             log.log(logging.ERROR if error.fatal() else logging.WARNING, "%s: %s", self.name, error)
@@ -288,14 +300,16 @@ class RdBatchLoop:
                 self._next.pop(tp, None)
                 self._rewinding.pop(tp, None)
             self.assigned_count += 1
-            if self.on_assigned is not None and assigned:
+            if self.on_assigned is not None and (assigned or self.assigned_count == 1):
                 await self.on_assigned(set(self.owned))
-            log.info(
-                "%s: assigned %s (now %d partitions)",
-                self.name,
-                ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(assigned)) or "nothing",
-                len(self.owned),
-            )
+            if assigned or self.assigned_count == 1:  # KIP-848 also assigns nothing new
+                log.info(
+                    "%s: assigned %s (now %d partitions)",
+                    self.name,
+                    ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(assigned))
+                    or "nothing",
+                    len(self.owned),
+                )
             self.assigned.set()
 
     async def _revoked(self, revoked: set[TopicPartition], lost: bool) -> None:
@@ -445,15 +459,27 @@ class RdBatchLoop:
         """The lag over the owned partitions whose end is known, and when Kafka last
         answered (for streams.progress.StallWatch)."""
         owned = [RdTopicPartition(tp.topic, tp.partition) for tp in self.owned]
-        if not owned:
-            return None, self.answered_at
-        try:
-            lag = await asyncio.wait_for(self._do(lambda: self._lag(owned)), 1.0)
-        except (TimeoutError, KafkaException, RuntimeError):
-            return None, self.answered_at
-        if lag == 0:
-            self.answered_at = time.monotonic()  # caught up: nothing to answer with
-        return lag, self.answered_at
+        lag: int | None = None
+        if owned:
+            try:
+                lag = await asyncio.wait_for(self._do(lambda: self._lag(owned)), 0.25)
+            except (TimeoutError, KafkaException, RuntimeError):
+                lag = None
+        return lag, self._answered()
+
+    def _answered(self) -> float | None:
+        """librdkafka fetches in the background and says nothing when it succeeds: Kafka is
+        taken to answer unless it reported a broker unreachable within TROUBLE_FRESH_S and
+        no records came since (it repeats that at each failed reconnect)."""
+        now = time.monotonic()
+        trouble = self._trouble_at
+        if (
+            trouble is not None
+            and now - trouble < TROUBLE_FRESH_S
+            and (self.answered_at is None or self.answered_at < trouble)
+        ):
+            return self.answered_at
+        return now
 
     def _lag(self, owned: list[RdTopicPartition]) -> int | None:
         """In the poll thread: high watermark minus position, over the known ones."""
@@ -461,7 +487,7 @@ class RdBatchLoop:
         for partition in self.consumer.position(owned):
             _, high = self.consumer.get_watermark_offsets(partition, cached=True)
             if high is None or high < 0 or partition.offset < 0:
-                continue
+                continue  # nothing consumed yet: librdkafka knows no position
             lag = (lag or 0) + max(0, high - partition.offset)
         return lag
 
