@@ -117,7 +117,7 @@ from benchmarks.cluster_faults import (
     BrokerKill,
     ClusterFaults,
 )
-from benchmarks.harness import PrivateBroker, WorkerProcess, free_port
+from benchmarks.harness import PrivateBroker, WorkerProcess, free_port, private_broker_env
 from dev.kafka.private import PrivateCluster
 from streams.config import load_settings
 from streams.event import FileEvent
@@ -876,15 +876,14 @@ def run(args: argparse.Namespace, command: str) -> Result:
     what = f"cluster of {args.brokers} brokers" if args.brokers > 1 else "broker"
     print(f"# starting a private {what} in {workdir / 'kafka'} ...", flush=True)
     broker.start()
-    env = {
-        **os.environ,
-        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
-        "STREAMS_CONFIG": str(config),
-        "STREAMS_DATA_DIR": str(workdir / "state"),
-        "STREAMS_WEB_PORT": str(free_port()),
+    env = private_broker_env(
+        broker.bootstrap,
+        STREAMS_CONFIG=str(config),
+        STREAMS_DATA_DIR=str(workdir / "state"),
+        STREAMS_WEB_PORT=str(free_port()),
         # Static membership: the restarted worker takes its partitions back at once.
-        "STREAMS_GROUP_INSTANCE_ID": f"{app_id}-worker-0",
-    }
+        STREAMS_GROUP_INSTANCE_ID=f"{app_id}-worker-0",
+    )
     env.pop("STREAMS_FAILPOINT", None)
     worker = WorkerProcess(env, workdir / "worker.log")
     keep = False

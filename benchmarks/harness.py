@@ -48,6 +48,14 @@ def kafka_args(bootstrap: str) -> dict[str, Any]:
     return kafka_settings(bootstrap).aiokafka_args()
 
 
+def private_broker_env(bootstrap: str, **extra: str) -> dict[str, str]:
+    """This process's environment for a worker on a private (plaintext) broker: every other
+    `KAFKA_*` connection setting dropped, so a shell that sourced a secured broker's
+    `client.env` does not point the run's worker at TLS or SASL its broker does not have."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("KAFKA_")}
+    return {**env, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, **extra}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -37,12 +37,12 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 def fill(directory: Path) -> None:
     """Write until the filesystem refuses: ENOSPC."""
-    with (directory / "filler").open("wb") as filler:
+    # Unbuffered: a buffered file's close would retry the write that failed, and raise.
+    with (directory / "filler").open("wb", buffering=0) as filler:
         chunk = b"\0" * 65536
         try:
             while True:
                 filler.write(chunk)
-                filler.flush()
         except OSError:
             pass
 
