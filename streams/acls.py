@@ -2,6 +2,7 @@
 
     python -m streams acls --principal User:worker --component worker
     python -m streams acls --principal User:webhook --component bridge [--topic files.raw]
+    python -m streams acls --principal User:reconcile --component reconcile --instance tenant-a
     python -m streams acls --principal User:tenant-a-app --component consumer \\
         --instance tenant-a --group tenant-a-app [--dead-letter-topic NAME]
     ... --format strimzi [--cluster my-cluster] [--authentication tls]   # a KafkaUser
@@ -15,6 +16,9 @@ and the KafkaTopic manifests), so the ACLs cannot name other topics than the str
   check of `max.message.bytes`); its groups `<app_id>`, `<app_id>-normalize`, `<app_id>-emit`;
   its transactional ids (`<app_id>-emit-<partition>`, prefixed).
 * bridge: Write its raw topic, nothing else.
+* reconcile (`python -m connectors reconcile --instance NAME`): what a bridge has (it
+  publishes to a raw topic), and Read of that one instance's output topic, which it reads
+  from the beginning with assigned partitions (no consumer group, so no group ACL).
 * consumer (`fileevents`): Read one instance's output topic as its group, Write its
   dead-letter topic.
 
@@ -36,7 +40,7 @@ from streams.config import ConfigError, Settings, load_settings
 from streams.topics import topology
 
 ResourceType = Literal["topic", "group", "transactionalId", "cluster"]
-COMPONENTS = ("worker", "bridge", "consumer")
+COMPONENTS = ("worker", "bridge", "reconcile", "consumer")
 KAFKA_ACLS_OPTION = {
     "topic": "--topic",
     "group": "--group",
@@ -97,6 +101,15 @@ def bridge_acls(settings: Settings, topic: str | None) -> list[Acl]:
     return [Acl("topic", chosen, ("Write", "Describe"))]
 
 
+def reconcile_acls(settings: Settings, instance: str | None, topic: str | None) -> list[Acl]:
+    """Reconcile of one instance: read its output topic to the end (group_id=None, partitions
+    assigned: no group), publish the drift to the raw topic (`--topic`, default the first)."""
+    if not instance:
+        raise AclError("--component reconcile needs --instance NAME (the one it reconciles)")
+    output = settings.instance(instance).output_topic
+    return [Acl("topic", output, ("Read", "Describe")), *bridge_acls(settings, topic)]
+
+
 def consumer_acls(
     settings: Settings, instance: str | None, group: str | None, dead_letter_topic: str | None
 ) -> list[Acl]:
@@ -119,6 +132,8 @@ def component_acls(settings: Settings, args: argparse.Namespace) -> list[Acl]:
         return worker_acls(settings)
     if args.component == "bridge":
         return bridge_acls(settings, args.topic)
+    if args.component == "reconcile":
+        return reconcile_acls(settings, args.instance, args.topic)
     return consumer_acls(settings, args.instance, args.group, args.dead_letter_topic)
 
 
@@ -202,8 +217,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--principal", required=True, help="the component's principal, e.g. User:worker"
     )
     parser.add_argument("--component", required=True, choices=COMPONENTS)
-    parser.add_argument("--topic", help="bridge: the raw topic it publishes to (default: first)")
-    parser.add_argument("--instance", help="consumer: the instance whose events it reads")
+    parser.add_argument(
+        "--topic", help="bridge, reconcile: the raw topic it publishes to (default: first)"
+    )
+    parser.add_argument(
+        "--instance", help="consumer, reconcile: the instance whose events it reads"
+    )
     parser.add_argument("--group", help="consumer: its consumer group (FileEvents group_id)")
     parser.add_argument(
         "--dead-letter-topic", help="consumer: its dead-letter topic (default <topic>.dead-letter)"

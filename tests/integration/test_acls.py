@@ -4,7 +4,8 @@ Each component runs as its own SCRAM user holding only the ACLs `python -m strea
 prints for it, applied through the broker's admin tool exactly as printed: the webhook bridge
 publishes a delivery, the worker takes it end to end, a `fileevents` consumer handles the
 event (and dead-letters one its handler fails), and the bridge's principal is refused an
-output topic (TopicAuthorizationFailed).
+output topic (TopicAuthorizationFailed). Reconcile, which reads an output topic and publishes
+like a bridge, runs with its own ACLs and not with a bridge's (S3 listing from moto).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import TopicAuthorizationFailedError, for_code
 from aiokafka.protocol.metadata import MetadataRequest
+from support.moto_server import aws_client, unique_name
 from support.secured_broker import SecuredBroker
 from support.worker import ROOT, Topology, Worker, free_port, wait_for
 
 from fileevents import FileEvent, FileEvents, KafkaSettings, RetryPolicy
 
 pytestmark = pytest.mark.kafka
+pytest_plugins = ["support.moto_server"]
 
 EXAMPLE = ROOT / "examples" / "s3-put.json"
 CONSUMER_GROUP = "thumbnails"
@@ -284,3 +287,41 @@ def test_a_bridge_principal_cannot_write_another_topic(granted: Granted) -> None
     asyncio.run(write(granted.names.raw))  # its own raw topic: allowed
     with pytest.raises(TopicAuthorizationFailedError):
         asyncio.run(write(granted.output))
+
+
+def test_reconcile_works_with_its_acls_and_not_with_a_bridges(
+    secured_kafka: SecuredBroker, granted: Granted, moto_server: str
+) -> None:
+    bucket = unique_name("acl-reconcile")
+    s3 = aws_client(moto_server, "s3")
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="missed.txt", Body=b"never notified")
+    user = secured_kafka.user(f"reconcile-{granted.names.suffix}")
+    principal = f"User:{user['KAFKA_SASL_USERNAME']}"
+    secured_kafka.admin(
+        printed_acls(granted.config, principal, "reconcile", "--instance", "default")
+    )
+
+    def reconcile(settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [
+                *(sys.executable, "-m", "connectors", "--config", str(granted.config)),
+                *("reconcile", "--instance", "default", "--bucket", bucket),
+                *("--endpoint-url", moto_server, "--read-timeout", "30"),
+            ],
+            cwd=ROOT,
+            env=product_env(**settings),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    # A bridge may not read the output topic reconcile compares the listing with.
+    as_bridge = reconcile(granted.bridge)
+    assert as_bridge.returncode == 1, as_bridge.stdout + as_bridge.stderr
+    assert granted.output in as_bridge.stderr
+    as_reconcile = reconcile(user)
+    assert as_reconcile.returncode == 0, as_reconcile.stderr
+    assert "created missed.txt (not-in-stream)" in as_reconcile.stdout
+    assert as_reconcile.stdout.strip().splitlines()[-1].endswith(" published=1")
