@@ -3,11 +3,14 @@ without `-s`), through the `chaos_report` fixture and `pytest_terminal_summary`.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+from support.chaos_harness import Harness, HarnessRun
 
 # `benchmarks` (the chaos harness) is not an installed package: import it from the checkout.
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -26,6 +29,39 @@ def chaos_report(request: pytest.FixtureRequest) -> Callable[[str], None]:
         tables.append((request.node.nodeid, text))
 
     return record
+
+
+@pytest.fixture
+def run_harness(tmp_path: Path, chaos_report: Callable[[str], None]) -> Harness:
+    """Run `python -m <module> <args> --json <tmp>` from the checkout, report its table (from
+    the line starting with `title`), and return it; fails if it wrote no figures."""
+
+    def run(
+        module: str,
+        args: list[str],
+        title: str,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+    ) -> HarnessRun:
+        figures = tmp_path / "figures.json"
+        process = subprocess.run(
+            [sys.executable, "-m", module, *args, "--json", str(figures)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        start = process.stdout.find(title)
+        table = process.stdout[start:] if start >= 0 else ""
+        chaos_report(table or f"(no table; exit {process.returncode})\n{process.stdout[-3000:]}")
+        assert figures.exists(), (
+            f"the harness did not finish:\n{process.stdout[-3000:]}\n{process.stderr[-3000:]}"
+        )
+        return HarnessRun(process, table, json.loads(figures.read_text()))
+
+    return run
 
 
 def pytest_terminal_summary(

@@ -4,15 +4,8 @@ malformed delivery dead-lettered. The table is printed in the terminal summary."
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from collections.abc import Callable
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.chaos_harness import Harness
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -20,25 +13,10 @@ ARGS = ["--deliveries", "2000", "--kills", "5", "--rate", "80", "--broker-down-s
 
 
 @pytest.mark.timeout(420)
-def test_chaos_run_loses_nothing_and_keeps_order(
-    tmp_path: Path, chaos_report: Callable[[str], None]
-) -> None:
-    figures = tmp_path / "chaos.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.chaos", *ARGS, "--json", str(figures)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
-    table = run.stdout[run.stdout.find("chaos run ") :] if "chaos run " in run.stdout else ""
-    chaos_report(table or f"(no table; exit {run.returncode})\n{run.stdout[-3000:]}")
-    assert figures.exists(), (
-        f"the harness did not finish:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    )
-    result = json.loads(figures.read_text())
-    assert run.returncode == 0, f"{result['failures']}\n{table}"
+def test_chaos_run_loses_nothing_and_keeps_order(run_harness: Harness) -> None:
+    run = run_harness("benchmarks.chaos", ARGS, "chaos run ", timeout_s=400)
+    result, table = run.result, run.table
+    assert run.process.returncode == 0, f"{result['failures']}\n{table}"
     assert result["deliveries"] == 2000
     assert result["changes_sent"] > 1000
     assert result["lost"] == 0, table

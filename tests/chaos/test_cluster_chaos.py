@@ -6,15 +6,8 @@ table is printed in the terminal summary."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from collections.abc import Callable
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.chaos_harness import Harness
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -25,24 +18,11 @@ ARGS = ["--deliveries", "2000", "--kills", "3", "--rate", "15", "--brokers", "3"
 
 @pytest.mark.timeout(480)
 def test_cluster_chaos_run_loses_nothing_when_a_leading_broker_dies_twice(
-    tmp_path: Path, chaos_report: Callable[[str], None]
+    run_harness: Harness,
 ) -> None:
-    figures = tmp_path / "chaos.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.chaos", *ARGS, "--json", str(figures)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=460,
-        check=False,
-    )
-    table = run.stdout[run.stdout.find("chaos run ") :] if "chaos run " in run.stdout else ""
-    chaos_report(table or f"(no table; exit {run.returncode})\n{run.stdout[-3000:]}")
-    assert figures.exists(), (
-        f"the harness did not finish:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    )
-    result = json.loads(figures.read_text())
-    assert run.returncode == 0, f"{result['failures']}\n{table}"
+    run = run_harness("benchmarks.chaos", ARGS, "chaos run ", timeout_s=460)
+    result, table = run.result, run.table
+    assert run.process.returncode == 0, f"{result['failures']}\n{table}"
     assert result["brokers"] == 3
     assert result["changes_sent"] > 1000
     assert result["lost"] == 0, table

@@ -13,16 +13,11 @@ failure for that engine (xfail, not strict); any other failure fails the test.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from support.chaos_harness import Harness
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -44,25 +39,17 @@ def documented_aiokafka_failure(result: dict[str, object]) -> bool:
 
 @pytest.mark.timeout(600)
 def test_scale_out_chaos_run_loses_nothing_and_keeps_its_workers(
-    tmp_path: Path, chaos_report: Callable[[str], None], kafka_bootstrap: str
+    tmp_path: Path, run_harness: Harness, kafka_bootstrap: str
 ) -> None:
-    figures = tmp_path / "scale.json"
-    run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.scale_chaos", *ARGS, "--json", str(figures)],
-        cwd=ROOT,
-        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
-        capture_output=True,
-        text=True,
-        timeout=580,
-        check=False,
+    run = run_harness(
+        "benchmarks.scale_chaos",
+        ARGS,
+        "scale-out chaos run ",
+        timeout_s=580,
+        # TMPDIR: the run's directory (kept when it fails) goes under pytest's tmp_path
+        env={**os.environ, "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap, "TMPDIR": str(tmp_path)},
     )
-    start = run.stdout.find("scale-out chaos run ")
-    table = run.stdout[start:] if start >= 0 else ""
-    chaos_report(table or f"(no table; exit {run.returncode})\n{run.stdout[-3000:]}")
-    assert figures.exists(), (
-        f"the harness did not finish:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
-    )
-    result = json.loads(figures.read_text())
+    result, table = run.result, run.table
     data = result["data"]
     # The data guarantees hold whatever the engine.
     assert data["deliveries"] == 40000
@@ -82,10 +69,10 @@ def test_scale_out_chaos_run_loses_nothing_and_keeps_its_workers(
     again = result["scale_in_processed_again_s"]
     assert again is not None and again <= 5.0, table
     assert result["per_partition"], table
-    if run.returncode != 0 and ENGINE == "aiokafka" and documented_aiokafka_failure(result):
+    if run.process.returncode != 0 and ENGINE == "aiokafka" and documented_aiokafka_failure(result):
         pytest.xfail(
             "aiokafka engine: the worker frozen past its session timeout crashed on resume "
             "(ProducerFenced from its open transaction; issue 15, item 3)"
         )
-    assert run.returncode == 0, f"{result['failures']}\n{table}"
+    assert run.process.returncode == 0, f"{result['failures']}\n{table}"
     assert result["unexpected_exits"] == [], table

