@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.bridge_process import BridgeProcess
 from support.local_broker import PrivateBroker
 from support.payloads import s3_body, s3_record
 from support.worker import ROOT, Topology, Worker, free_port, wait_for
@@ -46,7 +46,7 @@ def get(url: str, body: bytes | None = None) -> tuple[int, Any] | None:
         return None
 
 
-class WebhookBridge:
+class WebhookBridge(BridgeProcess):
     """`python -m connectors webhook` on a free port, the `s3` route open."""
 
     def __init__(self, bootstrap: str, config: Path, raw_topic: str, workdir: Path) -> None:
@@ -81,18 +81,6 @@ class WebhookBridge:
     def post(self, body: bytes) -> int | None:
         answer = get(f"http://127.0.0.1:{self.port}/hooks/s3", body)
         return None if answer is None else answer[0]
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(40)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        return self.process.wait()
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from support.bridge_process import BridgeProcess
 from support.moto_server import aws_client, unique_name
 from support.payloads import s3_body, s3_record
 from support.secured_broker import SecuredBroker
@@ -67,7 +67,7 @@ def config_text(names: Topology) -> str:
     return names.config() + (f'\n[webhook]\nraw_topic = "{names.raw}"\ninsecure_sources = ["s3"]\n')
 
 
-class Bridge:
+class Bridge(BridgeProcess):
     """`python -m connectors <args>` as a subprocess, its log kept."""
 
     def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
@@ -81,19 +81,6 @@ class Bridge:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
             )
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
 
 
 def webhook_bridge(config: Path, env: dict[str, str], workdir: Path) -> tuple[Bridge, int]:
