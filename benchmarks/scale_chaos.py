@@ -26,7 +26,9 @@ streams.membership.describe_group, either group protocol; while a classic group 
 nobody does) and reads their committed offsets and the topics'
 end offsets. Per partition it reports the seconds without an owner (no member assigned, or
 the group rebalancing) and the longest stall (records waiting while its committed offset did
-not move: this includes the time a dead or frozen member still held it).
+not move: this includes the time a dead or frozen member still held it). Per membership
+change it reports how many partitions kept their owner through it and the longest pause among
+those (whether the partitions a change does not move keep flowing).
 
 Every worker process is polled: one that exits without the run having stopped it is an
 unexpected exit, reported with the error its log ends with, and started again so the run can
@@ -221,6 +223,8 @@ class Sampler(threading.Thread):
         self.samples = 0
         self.error: BaseException | None = None
         self._progress_at: dict[tuple[str, int], float] = {}
+        self.history: list[tuple[float, tuple[str, int], str | None, int, int]] = []
+        """(time, (group, partition), owning worker, committed offset, end offset)"""
 
     def run(self) -> None:
         try:
@@ -275,14 +279,14 @@ class Sampler(threading.Thread):
                     figures = self.figures[key]
                     member = owners.get((topic, tp.partition))
                     self.owner[key] = member
-                    if member is None:
+                    name = None if member is None else worker_of(member)
+                    if name is None:
                         figures.unowned_s += elapsed
-                    else:
-                        name = worker_of(member)
-                        if not figures.owners or figures.owners[-1] != name:
-                            figures.owners.append(name)
+                    elif not figures.owners or figures.owners[-1] != name:
+                        figures.owners.append(name)
                     meta = committed.get(tp)
                     offset = meta.offset if meta is not None and meta.offset >= 0 else 0
+                    self.history.append((now, key, name, offset, ends[tp]))
                     moved = offset > self.committed.get(key, -1)
                     self.committed[key] = offset
                     if moved or offset >= ends[tp] or key not in self._progress_at:
@@ -305,6 +309,31 @@ class Sampler(threading.Thread):
         with self.lock:
             return dict(self.committed)
 
+    def kept_owner(self, since: float, until: float, touched: set[str]) -> tuple[int, float]:
+        """Over a membership change from `since` to `until` (monotonic): how many partitions
+        (both stages) had the same owner at its start and end, that owner not one of the
+        `touched` workers (the ones the change starts, kills or stops), and the longest pause among
+        them: seconds with records waiting and the committed offset not moving. Incremental
+        rebalancing keeps that near the commit interval; an eager one pauses them all."""
+        with self.lock:
+            entries = [entry for entry in self.history if since <= entry[0] <= until]
+        by_key: dict[tuple[str, int], list[tuple[float, str | None, int, int]]] = defaultdict(list)
+        for at, key, owner, offset, end in entries:
+            by_key[key].append((at, owner, offset, end))
+        kept, longest = 0, 0.0
+        for samples in by_key.values():
+            first, last = samples[0][1], samples[-1][1]
+            if first is None or first != last or first in touched:
+                continue
+            kept += 1
+            progress_at, offset_before = samples[0][0], samples[0][2]
+            for at, _owner, offset, end in samples[1:]:
+                if offset > offset_before or offset >= end:
+                    progress_at = at
+                offset_before = max(offset_before, offset)
+                longest = max(longest, at - progress_at)
+        return kept, longest
+
 
 # ------------------------------------------------------------------------------ the run
 
@@ -315,6 +344,10 @@ class Change:
     at_s: float
     figures: str
     under_load: bool = True
+    kept_owner: int = 0
+    """partitions (both stages) with the same owner before and after the change"""
+    kept_owner_pause_s: float = 0.0
+    """the longest pause of those during the change (records waiting, no commit)"""
 
 
 @dataclass
@@ -486,13 +519,24 @@ def run(args: argparse.Namespace, command: str) -> ScaleResult:
     away = args.session_timeout_s + 3.0
     keep = False
 
-    def change(what: str, figures: str) -> None:
-        result.changes.append(Change(what, fleet.now(), figures, producer.is_alive()))
+    window = {"since": 0.0}
+
+    def change(what: str, figures: str, touched: set[str]) -> None:
+        kept, pause = sampler.kept_owner(window["since"], time.monotonic(), touched)
+        figures += (
+            f"; {kept} partitions kept their owner, their longest pause {pause:.1f} s"
+            if kept
+            else "; no partition kept its owner"
+        )
+        result.changes.append(
+            Change(what, fleet.now(), figures, producer.is_alive(), kept, round(pause, 2))
+        )
         print(f"#   {what}: {figures}", flush=True)
 
     def step(phase: str, action: Callable[[], None]) -> None:
         fleet.phase = phase
         fleet.watch(args.steady_s)
+        window["since"] = time.monotonic()
         action()
 
     try:
@@ -501,8 +545,7 @@ def run(args: argparse.Namespace, command: str) -> ScaleResult:
         fleet.wait_ready(["w0"])
         sampler.start()
         _wait_settled(sampler, fleet, 1)
-        window = args.deliveries / args.rate
-        print(f"# w0 ready; producing for ~{window:.0f} s", flush=True)
+        print(f"# w0 ready; producing for ~{args.deliveries / args.rate:.0f} s", flush=True)
         producer.start()
 
         def scale_out() -> None:
@@ -515,6 +558,7 @@ def run(args: argparse.Namespace, command: str) -> ScaleResult:
                 "scale-out 1 -> 3",
                 f"w1, w2 ready {ready:.1f} s after their start; both groups on 3 workers "
                 f"{time.monotonic() - began:.1f} s after it",
+                {"w1", "w2"},
             )
 
         def kill_past_session() -> None:
@@ -527,6 +571,7 @@ def run(args: argparse.Namespace, command: str) -> ScaleResult:
             change(
                 "SIGKILL w1, down past the session timeout",
                 f"down {away:.0f} s; ready {ready:.1f} s after its restart",
+                {"w1"},
             )
 
         def freeze_past_session() -> None:
@@ -548,6 +593,7 @@ def run(args: argparse.Namespace, command: str) -> ScaleResult:
                 "SIGSTOP w2 past the session timeout, then SIGCONT",
                 f"frozen {away:.0f} s; {outcome}; w2 ready and both groups on 3 workers "
                 f"{time.monotonic() - resumed:.1f} s after SIGCONT",
+                {"w2"},
             )
 
         def scale_in() -> None:
@@ -567,6 +613,7 @@ def run(args: argparse.Namespace, command: str) -> ScaleResult:
                 f"partitions processed again "
                 + ("NOT within 60 s" if again is None else f"{again:.2f} s")
                 + " after its exit",
+                {"w2"},
             )
 
         step("scale-out", scale_out)

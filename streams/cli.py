@@ -133,9 +133,7 @@ def command_create_topics(args: argparse.Namespace) -> int:
     from streams.topics import ensure_topics, topology
 
     settings = load_settings(args.config)
-    created = asyncio.run(
-        ensure_topics(settings.kafka, topology(settings), retry_for_s=args.wait)
-    )
+    created = asyncio.run(ensure_topics(settings.kafka, topology(settings), retry_for_s=args.wait))
     print(f"created {len(created)} topic(s)" + (f": {', '.join(created)}" if created else ""))
     return 0
 

@@ -323,7 +323,7 @@ class Pipeline:
         for loop in (self.normalize, self.emit):
             if isinstance(loop, RdBatchLoop):
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(loop.stop(), timeout_s)
+                    await asyncio.wait_for(loop.stop(abandon=True), timeout_s)
 
     @property
     def ready(self) -> bool:
@@ -331,6 +331,11 @@ class Pipeline:
 
     async def start(self) -> None:
         await self.sender.start()
+        if isinstance(self.transactions, MemberTransactions):
+            # Before the emit member joins: initialising the producer under this member's
+            # transactional.id aborts what a killed predecessor left open, which the member's
+            # committed-offset read (require_stable) would otherwise wait out.
+            await self.transactions.prepare(set())
         for group, loop in ((self.normalize_group, self.normalize), (self.emit_group, self.emit)):
             await _adopt_offsets(group, loop.topics, self.progress)
             if isinstance(loop, BatchLoop):

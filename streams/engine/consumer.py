@@ -45,6 +45,7 @@ from confluent_kafka import TopicPartition as RdTopicPartition
 
 from streams import metrics
 from streams.consuming import Batch
+from streams.engine import librdkafka_log
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,10 @@ def consumer_config(
     return config
 
 
+class _ConsumerFatal(Exception):
+    """librdkafka gave this consumer up for good: a new one must join."""
+
+
 def _tp(partition: RdTopicPartition) -> TopicPartition:
     return TopicPartition(partition.topic, partition.partition)
 
@@ -134,7 +139,8 @@ class RdBatchLoop:
         self.drain = drain
         self.resume = resume
         """Called once the member rewound after PartitionsMoved (the transactions commit again)."""
-        self.consumer = Consumer({**config, "error_cb": self._error, "logger": log})
+        self._config = {**config, "error_cb": self._error, "logger": librdkafka_log()}
+        self.consumer = Consumer(self._config)
         self.lock = asyncio.Lock()
         self.assigned = asyncio.Event()
         self.owned: set[TopicPartition] = set()
@@ -207,38 +213,72 @@ class RdBatchLoop:
 
     def _poll(self) -> None:
         assert self._loop is not None
+        delay = 1.0
         try:
-            self.consumer.subscribe(
-                self.topics,
-                on_assign=self._on_assign,
-                on_revoke=self._on_revoke,
-                on_lost=self._on_lost,
-            )
             while not self._stopped.is_set():
-                self._serve_commands()
-                if self._handoff is not None:  # the loop has not taken the last one yet
-                    self._wake.wait(0.05)
-                    self._wake.clear()
-                    continue
-                messages = self.consumer.consume(self.max_records, self.within_s)
-                self.group_metadata = self.consumer.consumer_group_metadata()
-                if not messages:
-                    continue
-                data = [message for message in messages if self._usable(message)]
-                if data:
-                    self.answered_at = time.monotonic()
-                    self._handoff = data
-                    self._loop.call_soon_threadsafe(self._set_arrived)
+                try:
+                    self._consume()
+                except _ConsumerFatal as exc:
+                    # E.g. KIP-848's UNRELEASED_INSTANCE_ID: a worker restarted under its static
+                    # id while its killed predecessor is still a member (until the group's
+                    # session timeout). Not a crash: let everything go, join again.
+                    log.error(
+                        "%s: the consumer failed (%s); joining again in %.0f s",
+                        self.name,
+                        exc,
+                        delay,
+                    )
+                    self._call(self._revoked(set(self.owned), lost=True))
+                    self._loop.call_soon_threadsafe(self.assigned.clear)  # /ready: not ours
+                    self._close()
+                    self._wait(delay)
+                    delay = min(delay * 2, 10.0)
+                    self.consumer = Consumer(self._config)
         except BaseException as exc:
             self._failure = self._failure or exc
         finally:
-            self._serve_commands()
-            try:
-                self.consumer.close()  # revokes (or, static, keeps) the assignment
-            except Exception as exc:
-                log.warning("%s: closing the consumer failed: %s", self.name, exc)
-            self._serve_commands()
+            self._close()
             self._loop.call_soon_threadsafe(self._set_closed)
+
+    def _wait(self, seconds: float) -> None:
+        """Pause the poll thread, serving the loop's commands meanwhile."""
+        deadline = time.monotonic() + seconds
+        while not self._stopped.is_set() and time.monotonic() < deadline:
+            self._serve_commands()
+            self._wake.wait(0.05)
+            self._wake.clear()
+
+    def _close(self) -> None:
+        self._serve_commands()
+        try:
+            self.consumer.close()  # revokes (or, static, keeps) the assignment
+        except Exception as exc:
+            log.debug("%s: closing the consumer: %s", self.name, exc)
+        self._serve_commands()
+
+    def _consume(self) -> None:
+        assert self._loop is not None
+        self.consumer.subscribe(
+            self.topics,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        while not self._stopped.is_set():
+            self._serve_commands()
+            if self._handoff is not None:  # the loop has not taken the last one yet
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            messages = self.consumer.consume(self.max_records, self.within_s)
+            self.group_metadata = self.consumer.consumer_group_metadata()
+            if not messages:
+                continue
+            data = [message for message in messages if self._usable(message)]
+            if data:
+                self.answered_at = time.monotonic()
+                self._handoff = data
+                self._loop.call_soon_threadsafe(self._set_arrived)
 
     def _set_arrived(self) -> None:
         if self._arrived is not None:
@@ -276,8 +316,8 @@ class RdBatchLoop:
         error = message.error()
         if error is None:
             return True
-        if error.fatal():
-            raise KafkaException(error)
+        if error.fatal() or error.code() == KafkaError._FATAL:
+            raise _ConsumerFatal(error.str())
         if error.code() not in QUIET_ERRORS:
             log.warning("%s: %s", self.name, error)
         return False
@@ -491,8 +531,12 @@ class RdBatchLoop:
             lag = (lag or 0) + max(0, high - partition.offset)
         return lag
 
-    async def stop(self) -> None:
-        """Leave (the poll thread closes the consumer, whose revoke still reaches the loop)."""
+    async def stop(self, abandon: bool = False) -> None:
+        """Leave (the poll thread closes the consumer, whose revoke still reaches the loop).
+        `abandon`: the worker is failing; the revoke does not wait for work in flight (which
+        may be what failed, waiting for this)."""
+        if abandon:
+            self.drain = None
         self._stopped.set()
         self._wake.set()
         if self._closed is not None:

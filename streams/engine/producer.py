@@ -27,9 +27,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiokafka import errors as aiokafka_errors
+from aiokafka.errors import KafkaConnectionError as FailpointError
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from streams import failpoints, metrics
+from streams.engine import librdkafka_log
 from streams.kafka_settings import KafkaSettings
 from streams.progress import Progress
 from streams.records import OutRecord
@@ -78,29 +81,28 @@ Report = tuple[KafkaError | None, int, int]
 def producer_config(kafka: KafkaSettings, client_id: str, **extra: Any) -> dict[str, Any]:
     """librdkafka properties of one of the engine's producers (the connection from
     KafkaSettings.librdkafka_config: TLS, SASL)."""
-    return {**kafka.librdkafka_config(), **PRODUCER_CONFIG, "client.id": client_id, **extra}
-
-
-def produce_args(record: OutRecord) -> dict[str, Any]:
-    """`Producer.produce` keyword arguments of one record."""
-    args: dict[str, Any] = {"value": record.value, "key": record.key}
-    if record.headers:
-        args["headers"] = list(record.headers)
-    if record.partition is not None:
-        args["partition"] = record.partition
-    return args
+    return {
+        **kafka.librdkafka_config(),
+        **PRODUCER_CONFIG,
+        "client.id": client_id,
+        "logger": librdkafka_log(),
+        **extra,
+    }
 
 
 class Round:
     """One batch of records handed to a producer: their delivery reports, in order, and a
     future resolved (on its loop) once every record has one."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, count: int, tracked: int | None = None
+    ) -> None:
         self.loop = loop
         self.reports: list[Report | None] = [None] * count
-        self.remaining = count
+        self.remaining = count if tracked is None else tracked
+        """Reports still to come (of the records given a callback)."""
         self.done: asyncio.Future[None] = loop.create_future()
-        if not count:
+        if not self.remaining:
             self.done.set_result(None)
 
     def callback(self, index: int) -> Any:
@@ -127,14 +129,27 @@ class Round:
             self.done.set_result(None)
 
 
-async def produce_round(producer: Producer, records: Sequence[OutRecord]) -> Round:
-    """Queue `records` in order (waiting while librdkafka's queue is full); their Round."""
-    round_ = Round(asyncio.get_running_loop(), len(records))
+async def produce_round(
+    producer: Producer, records: Sequence[OutRecord], only: set[int] | None = None
+) -> Round:
+    """Queue `records` in order (waiting while librdkafka's queue is full); their Round.
+    `only`: the indexes of the records that get a delivery report (default: all)."""
+    round_ = Round(asyncio.get_running_loop(), len(records), None if only is None else len(only))
     for index, record in enumerate(records):
+        callback = round_.callback(index) if only is None or index in only else None
+        partition = -1 if record.partition is None else record.partition
+        headers: list[tuple[str, str | bytes | None]] | None = (
+            list(record.headers) if record.headers else None
+        )
         while True:
             try:
                 producer.produce(
-                    record.topic, on_delivery=round_.callback(index), **produce_args(record)
+                    record.topic,
+                    record.value,
+                    record.key,
+                    partition,
+                    on_delivery=callback,
+                    headers=headers,
                 )
                 break
             except BufferError:
@@ -160,6 +175,16 @@ def acknowledgements(
         Acknowledged(topic, partition, last - count + 1, count)
         for (topic, partition), (last, count) in places.items()
     ]
+
+
+def refusal_error(error: KafkaError) -> BaseException:
+    """The refusal as the aiokafka engine words it (aiokafka's error class for the broker's
+    code, e.g. MessageSizeTooLargeError), so a dead letter's reason reads the same on both."""
+    cls = aiokafka_errors.for_code(error.code()) if error.code() > 0 else None
+    if cls is None or cls is aiokafka_errors.UnknownError:
+        return KafkaException(error)
+    refusal: BaseException = cls(error.str())
+    return refusal
 
 
 def is_refusal(error: KafkaError | None) -> bool:
@@ -245,12 +270,30 @@ class RdRecordSender:
         delay = 0.2
         while waiting.records or waiting.single:
             self.progress.check()
-            if waiting.single:  # one at a time: each is its own message set
+            single = bool(waiting.single)
+            if single:  # one at a time: each is its own message set
                 batch = [waiting.single.pop(0)]
             else:
                 batch, waiting.records = waiting.records, []
             assert self._producer is not None
-            failpoints.check_writable(record.topic for record in batch)
+            try:
+                failpoints.check_writable({record.topic for record in batch})
+            except FailpointError as exc:  # as if Kafka were away (streams.failpoints)
+                if single:
+                    waiting.single.insert(0, batch[0])
+                else:
+                    waiting.records = batch + waiting.records
+                metrics.SEND_RETRIES.inc()
+                self.progress.trouble(
+                    stage,
+                    type(exc).__name__,
+                    f"Kafka did not acknowledge {len(batch)} of {len(records)} records ({exc}); "
+                    "sending them again",
+                    who,
+                )
+                await self.progress.pause(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
+                continue
             round_ = await produce_round(self._producer, batch)
             await self.progress.watch(stage, f"{len(batch)} records", round_.done, who)
             sent.acknowledged.extend(acknowledgements(batch, round_.reports))
@@ -298,7 +341,7 @@ class RdRecordSender:
         error: KafkaError,
         replace: Replace | None,
     ) -> None:
-        reason = refusal_reason(record, KafkaException(error))
+        reason = refusal_reason(record, refusal_error(error))
         if replace is None or record.topic == self.dead_letters.topic:
             replace = self.dead_letters
         replacement = replace(record, reason)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka import TopicPartition
+from aiokafka.errors import KafkaConnectionError as FailpointError
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as RdTopicPartition
 
@@ -41,6 +42,7 @@ from streams.engine.producer import (
     is_refusal,
     produce_round,
     producer_config,
+    refusal_error,
 )
 from streams.kafka_settings import KafkaSettings
 from streams.progress import Progress
@@ -101,7 +103,20 @@ class _Request:
     done: asyncio.Future[list[Acknowledged]]
     single: bool = False
     """Send one record at a time: a batch of several of its records was refused."""
+    diagnose: bool = False
+    """A delivery report for every record: an attempt failed (was a record refused?).
+    Otherwise only the last record of each dictated partition (changelog) gets one: a
+    committed transaction has every record, and the state needs only where those end."""
     rounds: list[Round] = field(default_factory=list)
+
+
+def _last_per_place(request: _Request) -> set[int]:
+    """Indexes of the last record of each dictated partition (the changelog's)."""
+    last: dict[tuple[str, int], int] = {}
+    for index, record in enumerate(request.records):
+        if record.partition is not None:
+            last[(record.topic, record.partition)] = index
+    return set(last.values())
 
 
 def error_of(exc: BaseException) -> KafkaError | None:
@@ -260,7 +275,7 @@ class MemberTransactions:
                     request.done.set_exception(
                         RecordsRefused(
                             [
-                                (record, refusal_reason(record, KafkaException(error)))
+                                (record, refusal_reason(record, refusal_error(error)))
                                 for record, error in refusal.known
                             ]
                         )
@@ -269,6 +284,8 @@ class MemberTransactions:
                 request.single = True
             except KafkaException as exc:
                 error = error_of(exc)
+                for request in requests:
+                    request.diagnose = True  # the next attempt tells a refused record
                 metrics.SEND_RETRIES.inc()
                 self.progress.trouble(
                     "emit",
@@ -282,19 +299,27 @@ class MemberTransactions:
     async def _once(self, requests: list[_Request]) -> None:
         """One transaction of `requests`; raises _Moved, _Refusal or KafkaException (the
         transaction aborted, to be tried again)."""
+        try:
+            for request in requests:
+                failpoints.check_writable({record.topic for record in request.records})
+        except FailpointError as exc:  # as if Kafka were away (streams.failpoints)
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, str(exc))) from None
         producer = await self._ready_producer()
         try:
             producer.begin_transaction()
             for request in requests:
-                failpoints.check_writable(record.topic for record in request.records)
                 request.rounds = []
                 if request.single:
                     for record in request.records:
                         round_ = await produce_round(producer, [record])
                         request.rounds.append(round_)
                         await asyncio.to_thread(producer.flush, CALL_TIMEOUT_S)
-                else:
+                elif request.diagnose:
                     request.rounds.append(await produce_round(producer, request.records))
+                else:
+                    request.rounds.append(
+                        await produce_round(producer, request.records, _last_per_place(request))
+                    )
             offsets = [
                 RdTopicPartition(tp.topic, tp.partition, offset)
                 for request in requests

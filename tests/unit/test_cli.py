@@ -46,9 +46,7 @@ def run(
     return result
 
 
-def lines(
-    result: subprocess.CompletedProcess[str], why: str | None = None
-) -> list[dict[str, Any]]:
+def lines(result: subprocess.CompletedProcess[str], why: str | None = None) -> list[dict[str, Any]]:
     """The JSON lines of a successful run; `why`: text stderr must give when nothing came out
     (streams.cli: exit 0 with the reason), else stderr is empty."""
     assert result.returncode == 0, result.stderr

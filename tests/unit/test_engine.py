@@ -6,7 +6,7 @@ import pytest
 
 from streams.config import ConfigError, load_settings
 from streams.engine.consumer import consumer_config
-from streams.engine.producer import acknowledgements, produce_args, producer_config
+from streams.engine.producer import acknowledgements, producer_config
 from streams.kafka_settings import KafkaSettings
 from streams.records import OutRecord
 
@@ -58,17 +58,6 @@ def test_every_producer_is_idempotent_with_the_java_partitioner() -> None:
     assert config["partitioner"] == "murmur2_random"  # streams.partitioning.partition_for's
 
 
-def test_a_dictated_partition_and_headers_are_passed_on() -> None:
-    record = OutRecord("t", b"k", b"v", (("h", b"1"),), partition=3)
-    assert produce_args(record) == {
-        "value": b"v",
-        "key": b"k",
-        "headers": [("h", b"1")],
-        "partition": 3,
-    }
-    assert "partition" not in produce_args(OutRecord("t", b"k", None))
-
-
 def test_acknowledgements_give_each_partitions_last_offset_exactly() -> None:
     records = [OutRecord("c", b"a", b"1"), OutRecord("c", b"b", b"2"), OutRecord("o", b"c", b"3")]
     reports = [(None, 0, 7), (None, 0, 8), (None, 2, 40)]
@@ -77,3 +66,40 @@ def test_acknowledgements_give_each_partitions_last_offset_exactly() -> None:
     assert acks[("o", 2)].last_offset == 40
     failed = acknowledgements(records[:1], [(object(), 0, -1)])  # type: ignore[list-item]
     assert failed == []
+
+
+def test_librdkafka_lines_repeat_once_per_cause_not_once_per_template() -> None:
+    import logging
+
+    from streams.engine import librdkafka_log
+
+    logger = librdkafka_log()
+    assert librdkafka_log() is logger and len(logger.filters) == 1  # installed once
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        for _ in range(3):  # as confluent-kafka logs: one template for every line
+            logger.error("%s [%s] %s", "FAIL", "c#consumer-1", "Connect to 127.0.0.1:1 failed")
+        logger.error("%s [%s] %s", "GETPID", "c#producer-2", "Not coordinator: retrying")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == [
+        "FAIL [c#consumer-1] Connect to 127.0.0.1:1 failed",
+        "GETPID [c#producer-2] Not coordinator: retrying",
+    ]
+
+
+def test_a_refusal_reads_as_on_the_aiokafka_engine() -> None:
+    from confluent_kafka import KafkaError
+
+    from streams.engine.producer import refusal_error
+
+    refused = refusal_error(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: too large"))
+    assert type(refused).__name__ == "MessageSizeTooLargeError"  # dead letters' reason
+    assert "_TRANSPORT" in repr(refusal_error(KafkaError(KafkaError._TRANSPORT, "away")))
