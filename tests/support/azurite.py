@@ -1,4 +1,4 @@
-"""Azurite's queue service (npm package `azurite`, installed by `make install`) for the tests.
+"""Azurite's queue service (npm package `azurite`, installed by `make test-deps`) for the tests.
 
 `azurite` is a session fixture: one `azurite-queue` process on a free port of 127.0.0.1, its
 state in a temporary folder, started once, answered before the first test uses it, stopped
@@ -67,7 +67,7 @@ def _answers(port: int) -> bool:
 def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
     if not AZURITE_QUEUE.exists():
         pytest.fail(
-            f"{AZURITE_QUEUE.relative_to(ROOT)} is missing: run `make install` "
+            f"{AZURITE_QUEUE.relative_to(ROOT)} is missing: run `make test-deps` "
             "(it installs Azurite from the npm registry, pinned by package-lock.json)",
             pytrace=False,
         )

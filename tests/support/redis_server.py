@@ -1,4 +1,4 @@
-"""Debian's `redis-server` (installed by `make install`) for the tests.
+"""Debian's `redis-server` (installed by `make test-deps`) for the tests.
 
 `redis_server` is a session fixture: one `redis-server` on a free port of 127.0.0.1, with no
 persistence (`--save '' --appendonly no`), working in a temporary folder, started once,
@@ -53,7 +53,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     executable = REDIS_SERVER if Path(REDIS_SERVER).exists() else shutil.which("redis-server")
     if executable is None:
         pytest.fail(
-            "redis-server is missing: run `make install` (as root it installs Debian's "
+            "redis-server is missing: run `make test-deps` (as root it installs Debian's "
             "redis-server; otherwise `sudo apt-get install redis-server`)",
             pytrace=False,
         )
