@@ -32,6 +32,34 @@ Batch = dict[TopicPartition, list[Any]]
 """Records (aiokafka ConsumerRecord) per topic partition, in offset order."""
 
 
+class StageMeter:
+    """One stage's batch accounting, for either engine's loop: a batch is handled, then its
+    offsets committed (when the stage commits them), timed and counted in streams.metrics."""
+
+    def __init__(self, stage: str) -> None:
+        self.handling = metrics.STAGE_SECONDS.labels(stage, "handle")
+        self.committing = metrics.STAGE_SECONDS.labels(stage, "commit")
+        self.batches = metrics.STAGE_BATCHES.labels(stage)
+        self.handled = metrics.STAGE_RECORDS.labels(stage)
+
+    async def run(
+        self,
+        batch: Batch,
+        handle: Callable[[Batch], Awaitable[None]],
+        commit: Callable[[Batch], Awaitable[None]] | None,
+        since: float,
+    ) -> None:
+        """Handle `batch` (its handling time counted from `since`), then commit it."""
+        await handle(batch)
+        done = time.monotonic()
+        self.handling.inc(done - since)
+        if commit is not None:
+            await commit(batch)
+            self.committing.inc(time.monotonic() - done)
+        self.batches.inc()
+        self.handled.inc(sum(len(records) for records in batch.values()))
+
+
 class BatchLoop(ConsumerRebalanceListener):  # type: ignore[misc]
     """Consume `topics` as group `group_id`; call `handle` per batch; commit after it."""
 
@@ -100,10 +128,8 @@ class BatchLoop(ConsumerRebalanceListener):  # type: ignore[misc]
         """Until cancelled."""
         self.consumer.subscribe(self.topics, listener=self)
         fetching = metrics.STAGE_SECONDS.labels(self.name, "fetch")
-        handling = metrics.STAGE_SECONDS.labels(self.name, "handle")
-        committing = metrics.STAGE_SECONDS.labels(self.name, "commit")
-        batches = metrics.STAGE_BATCHES.labels(self.name)
-        handled = metrics.STAGE_RECORDS.labels(self.name)
+        meter = StageMeter(self.name)
+        commit = self._commit if self.commits_offsets else None
         while True:
             generation = self._generation
             started = time.monotonic()
@@ -121,14 +147,7 @@ class BatchLoop(ConsumerRebalanceListener):  # type: ignore[misc]
                 if generation != self._generation:
                     self._rewind(batch)
                     continue
-                await self.handle(batch)
-                done = time.monotonic()
-                handling.inc(done - fetched)
-                if self.commits_offsets:
-                    await self._commit(batch)
-                    committing.inc(time.monotonic() - done)
-                batches.inc()
-                handled.inc(sum(len(records) for records in batch.values()))
+                await meter.run(batch, self.handle, commit, fetched)
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:

@@ -43,8 +43,7 @@ from aiokafka import TopicPartition
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as RdTopicPartition
 
-from streams import metrics
-from streams.consuming import Batch
+from streams.consuming import Batch, StageMeter
 from streams.engine import librdkafka_log
 
 log = logging.getLogger(__name__)
@@ -449,10 +448,8 @@ class RdBatchLoop:
         """Until cancelled or the poll thread fails."""
         assert self._arrived is not None
         arrived = self._arrived
-        handling = metrics.STAGE_SECONDS.labels(self.name, "handle")
-        committing = metrics.STAGE_SECONDS.labels(self.name, "commit")
-        batches = metrics.STAGE_BATCHES.labels(self.name)
-        handled = metrics.STAGE_RECORDS.labels(self.name)
+        meter = StageMeter(self.name)
+        commit = self._commit if self.commits_offsets else None
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(arrived.wait(), 0.5)
@@ -468,15 +465,7 @@ class RdBatchLoop:
                 batch = self._batch(messages)
                 if not batch:
                     continue
-                started = time.monotonic()
-                await self.handle(batch)
-                done = time.monotonic()
-                handling.inc(done - started)
-                if self.commits_offsets:
-                    await self._commit(batch)
-                    committing.inc(time.monotonic() - done)
-                batches.inc()
-                handled.inc(sum(len(records) for records in batch.values()))
+                await meter.run(batch, self.handle, commit, time.monotonic())
 
     def _raise_if_failed(self) -> None:
         if self._failure is not None:
