@@ -16,7 +16,7 @@ must stop and restart its broker):
    id (`delivery-id`, SNS `MessageId`, Pub/Sub `messageId`); about 10 % are out-of-order
    pairs (two new changes of one key, the newer delivered first); about 1 % are malformed,
    each carrying a unique token. The ground truth is computed with the product's own
-   normalizers (`streams.normalizers.normalize` on exactly the record a bridge would publish):
+   normalizers (`streams.core.normalizers.normalize` on exactly the record a bridge would publish):
    every distinct change's event id, key and per-key order. Every redelivery must normalize to
    the same id as the first delivery of its change and every malformed one must raise
    `MalformedDelivery`, or the run stops before it starts (a workload error).
@@ -48,17 +48,17 @@ Definitions used in the table:
 * duplicated: a change whose id appears more than once in the output topic; `copies` counts
   the extra records. Not a failure (see README "Processing guarantee" for why a few remain).
 * legitimately stale: a change that is not emitted, but is in the stale topic, AND is older
-  (by `streams.ordering.staleness`, the rule the stream applies) than some change of the same
+  (by `streams.core.ordering.staleness`, the rule the stream applies) than some change of the same
   (bucket, key) that was emitted. Which of two changes of one key is emitted and which is
   stale depends on the order in which they reached the worker, and that order is free
   (deliveries are unkeyed, partitions are processed concurrently); what is not free is that
   the older one is either emitted before the newer one or set aside as stale.
 * lost: a change that is neither emitted nor legitimately stale (a stale record with no newer
   emitted change of its key is a wrongful drop, so it counts as lost).
-* per-key order violation: an emitted record older (`streams.ordering.staleness`) than the
+* per-key order violation: an emitted record older (`streams.core.ordering.staleness`) than the
   newest record emitted before it for the same (bucket, key), reading each output partition
   in offset order, the way a consumer would; a version-only delete does not advance the key,
-  exactly as in `streams.emitting`.
+  exactly as in `streams.core.emitting`.
 * malformed sent / dead-lettered: malformed deliveries produced / those whose token is found
   in the dead-letter topic (any number of copies); `unexpected dead letters` are dead-letter
   records that carry no token (a valid delivery the stream failed to read).
@@ -120,12 +120,12 @@ from benchmarks.cluster_faults import (
 from benchmarks.harness import PrivateBroker, WorkerProcess, free_port, private_broker_env
 from dev.kafka.private import PrivateCluster
 from streams.config import load_settings
-from streams.event import FileEvent
+from streams.core.event import FileEvent
+from streams.core.normalizers import MalformedDelivery, normalize
+from streams.core.ordering import Mark, mark_for, staleness
+from streams.core.records import RawRecord, delivery_from_raw
+from streams.engine.topics import topology
 from streams.kafka_settings import KafkaSettings
-from streams.normalizers import MalformedDelivery, normalize
-from streams.ordering import Mark, mark_for, staleness
-from streams.records import RawRecord, delivery_from_raw
-from streams.topics import topology
 
 BASE_TIME = dt.datetime(2026, 11, 30, tzinfo=dt.UTC)
 

@@ -153,7 +153,7 @@ def run_once(bootstrap: str, guarantee: str, args: argparse.Namespace, workdir: 
         for kill in range(args.kills):
             if args.window:
                 # The worker kills itself right after a batch's outputs were acknowledged,
-                # before its state and offsets are recorded (streams/failpoints.py).
+                # before its state and offsets are recorded (streams/engine/failpoints.py).
                 assert worker.process is not None
                 worker.process.wait()
             else:

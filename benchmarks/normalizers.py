@@ -1,6 +1,6 @@
 """Normalizer throughput: records per second per source, on one core.
 
-For every registered source (`streams.normalizers.SOURCES`) this takes the source's fixture
+For every registered source (`streams.core.normalizers.SOURCES`) this takes the source's fixture
 payloads from `tests/normalizers/fixtures/<source>/`, keeps those the normalizer accepts and
 turns into at least one event, and times a fixed number of `normalize` calls over them:
 after a warm-up it works out how many whole passes over the inputs fill `--seconds`, then
@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from streams.delivery import Delivery
-from streams.event import FileEvent
-from streams.normalizers import SOURCES, normalizer_for
-from streams.normalizers.base import MalformedDelivery
+from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
+from streams.core.normalizers import SOURCES, normalizer_for
+from streams.core.normalizers.base import MalformedDelivery
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "normalizers" / "fixtures"
 

@@ -79,11 +79,11 @@ from benchmarks.harness import (
 )
 from benchmarks.profile import report
 from streams.config import load_settings
-from streams.delivery import Delivery
-from streams.emitting import KeyedInput, plan_batch
-from streams.normalizers import normalize
-from streams.records import OutRecord, RawRecord, delivery_from_raw, keyed_record
-from streams.sending import PRODUCER_SETTINGS, acknowledged, enqueue, group_by_partition
+from streams.core.delivery import Delivery
+from streams.core.emitting import KeyedInput, plan_batch
+from streams.core.normalizers import normalize
+from streams.core.records import OutRecord, RawRecord, delivery_from_raw, keyed_record
+from streams.engine.aio.producer import PRODUCER_SETTINGS, acknowledged, enqueue, group_by_partition
 
 PARTITIONS = 4
 PY_SPY = Path(sys.executable).with_name("py-spy")
@@ -223,7 +223,7 @@ def expected_ids(records: list[Raw]) -> set[str]:
 
 def expected_decisions(records: list[Raw], batch: int = 1000) -> tuple[set[str], set[str]]:
     """(emitted ids, stale ids) as the pipeline decides them: every event of the default
-    instance through `streams.emitting.plan_batch` (dedupe, then order) in input order, with
+    instance through `streams.core.emitting.plan_batch` (dedupe, then order) in input order, with
     its state in a dict. The ground truth the Kafka Streams job is checked against."""
     with tempfile.TemporaryDirectory(prefix="bench-truth-") as tmp:
         config, output = worker_config(Path(tmp), "truth", "raw")
@@ -311,7 +311,8 @@ async def ceiling(
     """Bare aiokafka, consume -> produce unchanged, with the pipeline's producer settings.
 
     The issue's ceiling sends each record (`producer.send`); `batched` hands the producer
-    one record batch per partition instead, as the pipeline's stages do (streams.sending)."""
+    one record batch per partition instead, as the pipeline's stages do
+    (streams.engine.aio.producer)."""
     consumer = AIOKafkaConsumer(
         source,
         **kafka_args(bootstrap),

@@ -5,9 +5,9 @@
                                  [--marks N]
 
 On the real broker (KAFKA_BOOTSTRAP_SERVERS, else the local broker of `make kafka`), for a
-fresh app id: create the stream's topics (`streams.topics.topology`, so the `seen` changelog
+fresh app id: create the stream's topics (`streams.engine.topics.topology`, so the `seen` changelog
 has its real `compact,delete` policy), fill the `seen` changelog with N dedupe ids directly
-with aiokafka, in the format `streams.emitting` writes (key `<instance>/<event id>` with an
+with aiokafka, in the format `streams.core.emitting` writes (key `<instance>/<event id>` with an
 id shaped like the S3 normalizer's (`s3:` + 32 hex digits of a SHA-256), value the absolute
 expiry as an ASCII float, `now + TTL` when the record is written), spread over its
 partitions. Then:
@@ -35,7 +35,7 @@ partitions. Then:
    restore and the restart, or ids expire before they are swept.
 
 5. Marks (`--marks N`, default 0 = skipped): a fourth app id whose `marks` changelog is filled
-   with N ordering marks of live keys in the format `streams.emitting` writes (key
+   with N ordering marks of live keys in the format `streams.core.emitting` writes (key
    `<instance>|s3|<bucket>/<key>` with an S3-like object key, value the JSON mark of an S3
    `created` with its sequencer padded to 64 hex digits), its `seen` changelog left empty. A
    worker restores them into an empty state directory (timed as in 1, less the empty start),
@@ -82,7 +82,7 @@ from benchmarks.harness import (
     metric,
 )
 from streams.config import Settings, load_settings, parse_duration
-from streams.emitting import (
+from streams.core.emitting import (
     MARKS,
     MARKS_SWEEP_SCAN,
     deleted_mark_grace,
@@ -90,10 +90,10 @@ from streams.emitting import (
     mark_revision,
     seen_key,
 )
-from streams.normalizers.base import derived_id
-from streams.ordering import Mark
-from streams.store import Revision, StateStore
-from streams.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
+from streams.core.normalizers.base import derived_id
+from streams.core.ordering import Mark
+from streams.engine.store import Revision, StateStore
+from streams.engine.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
 
 INSTANCE = "default"
 EXPIRED_METRIC = "storage_events_dedupe_expired_total"
@@ -164,7 +164,7 @@ class MarksFill:
 
 
 def benchmark_mark(index: int) -> tuple[bytes, bytes]:
-    """The `marks` entry of a live S3 key, as `streams.emitting` records it."""
+    """The `marks` entry of a live S3 key, as `streams.core.emitting` records it."""
     digest = derived_id("s3", "marks-benchmark", index)[3:]
     key = f"{INSTANCE}|s3|restore-benchmark/data/{digest[:2]}/{digest[2:10]}/{index}.parquet"
     sequencer = f"{(index * 7919) & 0xFFFFFFFFFFFFFFFF:016X}00"  # S3's: 18 hex digits
@@ -551,7 +551,7 @@ def settings_of(config: Path) -> Settings:
 
 def sweep_scan(state_dir: Path, settings: Settings) -> tuple[float, int]:
     """Time what a sweep does to partition 0's marks, read through to the end (the worker
-    reads `streams.emitting.MARKS_SWEEP_SCAN` per sweep): (seconds, marks read)."""
+    reads `streams.core.emitting.MARKS_SWEEP_SCAN` per sweep): (seconds, marks read)."""
     store = StateStore(state_dir, {MARKS: changelog_topic(settings, MARKS_TABLE)})
     store.open([0])
     read = 0

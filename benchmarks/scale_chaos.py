@@ -19,10 +19,10 @@ exactly_once. While the producer writes at `--rate`, one membership change after
 1. scale-out 1 -> 3: w0 runs alone from the start; w1 and w2 start;
 2. SIGKILL of w1, kept down past the session timeout (+3 s), then started again;
 3. w2 frozen with SIGSTOP past its session timeout (+3 s), then resumed with SIGCONT;
-4. scale-in 3 -> 2: w2 is told to stop and leave for good (SIGUSR1, streams.membership).
+4. scale-in 3 -> 2: w2 is told to stop and leave for good (SIGUSR1, streams.engine.membership).
 
 Meanwhile a sampler describes both stage groups every 0.2 s (who owns which partition:
-streams.membership.describe_group, either group protocol; while a classic group rebalances
+streams.engine.membership.describe_group, either group protocol; while a classic group rebalances
 nobody does) and reads their committed offsets and the topics'
 end offsets. Per partition it reports the seconds without an owner (no member assigned, or
 the group rebalancing) and the longest stall (records waiting while its committed offset did
@@ -72,7 +72,7 @@ from confluent_kafka.admin import AdminClient
 
 from benchmarks.chaos import Producer, Result, build_workload, compare, lag_now, read_topic
 from benchmarks.harness import PrivateBroker, WorkerProcess, bootstrap_servers, free_port
-from streams.membership import admin_client, describe_group
+from streams.engine.membership import admin_client, describe_group
 
 PROCESSED_AGAIN_WITHIN_S = 5.0
 SAMPLE_EVERY_S = 0.2
@@ -234,7 +234,9 @@ class Sampler(threading.Thread):
 
     async def _run(self) -> None:
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=5000)
-        describer = admin_client(self.bootstrap)  # either group protocol (streams.membership)
+        describer = admin_client(
+            self.bootstrap
+        )  # either group protocol (streams.engine.membership)
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=None, isolation_level="read_committed"
         )

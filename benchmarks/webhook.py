@@ -270,7 +270,7 @@ class Server:
 async def create_topic(bootstrap: str, topic: str) -> None:
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    from streams.topics import RAW_MAX_MESSAGE_BYTES
+    from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
 
     admin = AIOKafkaAdminClient(**kafka_args(bootstrap))
     await admin.start()

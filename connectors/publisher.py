@@ -15,9 +15,9 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from streams.config import RAW_RECORD_FRAMING_BYTES
+from streams.engine.aio.producer_errors import RENEW_ON
+from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
 from streams.kafka_settings import KafkaAccessError, KafkaSettings, check_access
-from streams.producer_errors import RENEW_ON
-from streams.topics import RAW_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def raw_headers(
     attributes: Mapping[str, str] | None = None,
     delivery_id: str | None = None,
 ) -> list[tuple[str, bytes]]:
-    """The raw-topic headers for one delivery (contract in streams.records)."""
+    """The raw-topic headers for one delivery (contract in streams.core.records)."""
     headers = [
         ("source", source.encode()),
         ("transport", transport.encode()),

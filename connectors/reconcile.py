@@ -5,7 +5,7 @@ provider can lose one. Reconcile finds what the stream missed and publishes it:
 
 1. **List** the instance's bucket through the S3-compatible API (boto3 `list_objects_v2`,
    paginated; AWS S3, MinIO, Supabase Storage's S3 endpoint, ...) under the instance's prefix.
-   Each listed key goes through the instance's own rules (`streams.rules.apply_instance`), so
+   Each listed key goes through the instance's own rules (`streams.core.rules.apply_instance`), so
    keys the stream never emits (plugin-internal prefixes such as `.versions/`) are ignored,
    and ETags compare as the stream emits them.
 2. **Read what the stream knows**: the instance's output topic (`files.events.<instance>`, or
@@ -25,7 +25,7 @@ provider can lose one. Reconcile finds what the stream missed and publishes it:
    the topic rather than as drift, and the synthetic event's time (`observed_at`, the start of
    the listing) makes ordering prefer any real event newer than the listing over it.
 4. **Publish** one synthetic delivery per drift to the raw topic (`source=reconcile`,
-   `transport=reconcile`; body and id rule in `streams.normalizers.reconcile`), each only
+   `transport=reconcile`; body and id rule in `streams.core.normalizers.reconcile`), each only
    once Kafka acknowledged it. Nothing with `--dry-run`.
 
 A second run once the stream has caught up (the worker turned the first run's deliveries into
@@ -44,7 +44,7 @@ the synthetic events reach every instance whose bucket and prefix cover the key,
 delivery (an overlapping catch-all instance gets them too); times compare across the reconcile
 host's clock and the provider's, so keep clocks in sync. Reconcile events are ordered against
 the provider's notifications only when the instance names that one provider in `sources`
-(state is scoped by provider: see streams.emitting); otherwise among themselves, and the
+(state is scoped by provider: see streams.core.emitting); otherwise among themselves, and the
 command says so on stderr.
 """
 
@@ -64,11 +64,11 @@ from connectors.command import BridgeCommand, add_publishing_arguments
 from connectors.command import raw_topic as command_raw_topic
 from connectors.publisher import PublishFailed, RawPublisher, raw_headers
 from streams.config import ConfigError, InstanceConfig, Settings
-from streams.event import FileEvent, format_time
+from streams.core.event import FileEvent, format_time
+from streams.core.normalizers.base import MalformedDelivery, parse_time, strip_quotes
+from streams.core.normalizers.reconcile import SOURCE, reconcile_id
+from streams.core.rules import Filtered, apply_instance
 from streams.kafka_settings import KafkaSettings, check_access
-from streams.normalizers.base import MalformedDelivery, parse_time, strip_quotes
-from streams.normalizers.reconcile import SOURCE, reconcile_id
-from streams.rules import Filtered, apply_instance
 
 log = logging.getLogger(__name__)
 

@@ -127,11 +127,11 @@ requests, beyond each body's first 64 KiB, at most `max_bodies_bytes` (so small 
 still pass while large ones are refused); after an answer sent before the body was read
 whole, the rest is drained for at most 2 s, then the connection is closed. The raw record is
 bounded as a whole: `max_body_bytes + max_header_bytes` plus 16 KiB of framing must fit the
-raw topic's record limit (`streams.topics.RAW_MAX_MESSAGE_BYTES`), checked at start-up.
+raw topic's record limit (`streams.engine.topics.RAW_MAX_MESSAGE_BYTES`), checked at start-up.
 The server pieces that hold these bounds are in `connectors.http_server`.
 
 Published record: value = the body as received; headers per the raw-topic contract
-(`streams.records`): `source`, `transport` (`webhook`), `delivery-id`, `received-at`,
+(`streams.core.records`): `source`, `transport` (`webhook`), `delivery-id`, `received-at`,
 `header.<lower-case name>` for every HTTP header except credentials (`authorization`,
 `cookie`, `x-api-key`, and the route's own secret header). The query string is not published
 and not logged: the access log writes the path and the query's parameter names only
@@ -200,8 +200,8 @@ from connectors.publisher import (
 from connectors.webhook_auth import Authenticator, RequestFacts, Services, build_authenticator
 from connectors.webhook_auth.base import PUBLISH, REJECT, ChecksBeforeBody, Verdict
 from streams.config import ConfigError, Settings, WebhookConfig, WebhookRouteConfig
+from streams.core.normalizers import SOURCES
 from streams.kafka_settings import KafkaAccessError, check_access
-from streams.normalizers import SOURCES
 
 # Reconcile deliveries come from our own command, which publishes to Kafka directly.
 PUSH_SOURCES = tuple(source for source in SOURCES if source != "reconcile")

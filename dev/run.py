@@ -9,7 +9,7 @@
 Logs of the worker and the bridge go to ~/.cache/storage-events/run/. The worker's state
 (STREAMS_DATA_DIR, unless set) lives with the broker: `worker-state` in the local broker's state
 directory, so that another broker never meets this one's state (the worker would discard it
-anyway, streams/binding.py, at the cost of a restore); against KAFKA_BOOTSTRAP_SERVERS, in
+anyway, streams/engine/binding.py, at the cost of a restore); against KAFKA_BOOTSTRAP_SERVERS, in
 ~/.cache/storage-events/run/worker-state.
 """
 

@@ -18,7 +18,7 @@ from fileevents.errors import EventDecodeError, Failure, HandlerTimeout, OnError
 from fileevents.metrics import FileEventsMetrics
 from fileevents.processing import Outcome
 from fileevents.retry import RetryPolicy
-from streams.event import FileEvent
+from streams.core.event import FileEvent
 from streams.kafka_settings import KafkaAccessError, KafkaSettings
 
 __all__ = [

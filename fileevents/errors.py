@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fileevents.context import EventContext
-from streams.event import FileEvent
+from streams.core.event import FileEvent
 
 logger = logging.getLogger("fileevents")
 

@@ -36,7 +36,7 @@ from fileevents.errors import (
 from fileevents.metrics import FileEventsMetrics
 from fileevents.registry import Registered, Registry
 from fileevents.retry import RetryPolicy
-from streams.event import FileEvent
+from streams.core.event import FileEvent
 
 logger = logging.getLogger("fileevents")
 

@@ -7,7 +7,7 @@
         --instance tenant-a --group tenant-a-app [--dead-letter-topic NAME]
     ... --format strimzi [--cluster my-cluster] [--authentication tls]   # a KafkaUser
 
-The topic names come from `streams.topics.topology` (one list for the worker, create-topics
+The topic names come from `streams.engine.topics.topology` (one list for the worker, create-topics
 and the KafkaTopic manifests), so the ACLs cannot name other topics than the stream uses:
 
 * worker: Read the raw topics; Read and Write the repartition topic; Read, Write and Create
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from streams.config import ConfigError, Settings, load_settings
-from streams.topics import topology
+from streams.engine.topics import topology
 
 ResourceType = Literal["topic", "group", "transactionalId", "cluster"]
 COMPONENTS = ("worker", "bridge", "reconcile", "consumer")

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from streams.config import ConfigError, load_settings
-from streams.delivery import Delivery
+from streams.core.delivery import Delivery
+from streams.core.normalizers import MalformedDelivery, normalize
+from streams.core.records import json_line
+from streams.core.rules import Filtered, apply_instance
 from streams.kafka_settings import KafkaAccessError, KafkaSettings
-from streams.normalizers import MalformedDelivery, normalize
-from streams.records import json_line
-from streams.rules import Filtered, apply_instance
 
 FILTER_REASONS = {
     "source": "the instance does not list this provider in its `sources`",
@@ -90,7 +90,7 @@ def command_normalize(args: argparse.Namespace) -> int:
         print(
             f"no events: the {args.source} normalizer yields none for this delivery, a kind "
             f"it drops on purpose (e.g. s3:TestEvent, metadata-only changes; see "
-            f"streams/normalizers/{args.source}.py)",
+            f"streams/core/normalizers/{args.source}.py)",
             file=sys.stderr,
         )
     for event in events:
@@ -112,7 +112,7 @@ def command_normalize(args: argparse.Namespace) -> int:
 
 
 def command_topics(args: argparse.Namespace) -> int:
-    from streams.topics import topology
+    from streams.engine.topics import topology
 
     for spec in topology(load_settings(args.config)):
         print(
@@ -130,7 +130,7 @@ def command_topics(args: argparse.Namespace) -> int:
 
 
 def command_create_topics(args: argparse.Namespace) -> int:
-    from streams.topics import ensure_topics, topology
+    from streams.engine.topics import ensure_topics, topology
 
     settings = load_settings(args.config)
     created = asyncio.run(ensure_topics(settings.kafka, topology(settings), retry_for_s=args.wait))
@@ -277,14 +277,14 @@ def _print_or_write(text: str, output: str | None) -> int:
 
 
 def command_schema(args: argparse.Namespace) -> int:
-    from streams.schema import file_event_schema, schema_text
+    from streams.core.schema import file_event_schema, schema_text
 
     return _print_or_write(schema_text(file_event_schema()), args.output)
 
 
 def command_asyncapi(args: argparse.Namespace) -> int:
     from streams.asyncapi import asyncapi_document
-    from streams.schema import schema_text
+    from streams.core.schema import schema_text
 
     settings = load_settings(None, environ={}) if args.defaults else load_settings(args.config)
     document = asyncapi_document(settings)
@@ -294,14 +294,14 @@ def command_asyncapi(args: argparse.Namespace) -> int:
 def command_remove_member(args: argparse.Namespace) -> int:
     """Remove worker `--instance-id` (its STREAMS_GROUP_INSTANCE_ID) from the stage groups and
     Faust's group at once, so its partitions move now instead of after the session timeout
-    (streams.membership). Exit 0 if it was removed from at least one group, 1 if it was a
+    (streams.engine.membership). Exit 0 if it was removed from at least one group, 1 if it was a
     member of none (a wrong name, or it had left already)."""
     import logging
 
     from aiokafka.errors import KafkaError
 
+    from streams.engine.membership import remove_static_members, worker_members
     from streams.kafka_settings import require_access
-    from streams.membership import remove_static_members, worker_members
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     settings = load_settings(args.config)

@@ -130,7 +130,7 @@ class _Strict(BaseModel):
 
 
 class PluginConfig(_Strict):
-    """A storage plugin the instance's writer uses; see streams.rules for what each does."""
+    """A storage plugin the instance's writer uses; see streams.core.rules for what each does."""
 
     name: PluginName
     prefix: str | None = None
@@ -155,10 +155,10 @@ class InstanceConfig(_Strict):
     topic: str | None = None
     stale_topic: str | None = None
     sources: tuple[str, ...] | None = None
-    """The sources (streams.normalizers.SOURCES) whose events the instance accepts; unset:
+    """The sources (streams.core.normalizers.SOURCES) whose events the instance accepts; unset:
     every source. A credential of a source not listed cannot write into the instance, even
     naming its bucket (or no bucket, as Box and Cloudinary deliveries do). `reconcile` is
-    always accepted (the operator's own tool; see streams.rules)."""
+    always accepted (the operator's own tool; see streams.core.rules)."""
 
     @field_validator("prefix")
     @classmethod
@@ -185,7 +185,7 @@ class InstanceConfig(_Strict):
     @field_validator("sources")
     @classmethod
     def _sources(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        from streams.normalizers import SOURCES  # here: the normalizers import the models
+        from streams.core.normalizers import SOURCES  # here: the normalizers import the models
 
         if value is None:
             return None
@@ -273,11 +273,11 @@ class StreamConfig(_Strict):
     max_clock_skew_s: float = 300.0
     """How far ahead of the worker's clock an event time may be and still be recorded as the
     key's ordering time (env STREAMS_MAX_CLOCK_SKEW_S). An event dated further ahead is
-    emitted, but cannot make later events of its key stale by its time (streams.ordering)."""
+    emitted, but cannot make later events of its key stale by its time (streams.core.ordering)."""
     deleted_mark_grace_s: float | None = None
     """How long a deleted key's ordering mark is kept (env STREAMS_DELETED_MARK_GRACE_S;
     seconds or a duration): after it, an event of that key older than the delete is emitted
-    as if new (streams.emitting). Unset: each instance's `dedupe_ttl`."""
+    as if new (streams.core.emitting). Unset: each instance's `dedupe_ttl`."""
     group_instance_id: str | None = None
     """Static group membership (KIP-345): a worker restarted under the same id takes its
     partitions back at once instead of after the session timeout. Unique per worker, stable
@@ -285,7 +285,7 @@ class StreamConfig(_Strict):
     leave_group_on_stop: bool = False
     """A static member leaves its groups when it stops (env STREAMS_LEAVE_GROUP_ON_STOP): for
     a worker that is not coming back (a scale-in), so its partitions move at once instead of
-    after the session timeout (streams.membership). SIGUSR1 does the same for one stop."""
+    after the session timeout (streams.engine.membership). SIGUSR1 does the same for one stop."""
 
     @field_validator("repartition_topic", "dead_letter_topic")
     @classmethod
@@ -673,7 +673,7 @@ class WebhookConfig(_Strict):
 
     @model_validator(mode="after")
     def _known_sources(self) -> WebhookConfig:
-        from streams.normalizers import SOURCES  # here: the normalizers import the models
+        from streams.core.normalizers import SOURCES  # here: the normalizers import the models
 
         known = ", ".join(SOURCES)
         for source in self.insecure_sources:
@@ -746,9 +746,9 @@ class Settings(_Strict):
 
     @model_validator(mode="after")
     def _raw_records_fit(self) -> Settings:
-        # On Settings, not WebhookConfig: streams.topics imports this module, and the default
+        # On Settings, not WebhookConfig: streams.engine.topics imports this module, and the default
         # WebhookConfig() is built while it loads.
-        from streams.topics import RAW_MAX_MESSAGE_BYTES
+        from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
 
         webhook = self.webhook
         record = webhook.max_body_bytes + webhook.max_header_bytes + RAW_RECORD_FRAMING_BYTES

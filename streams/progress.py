@@ -1,9 +1,10 @@
 """What keeps each stage from making progress, for `/ready`, the log and a bounded stop.
 
-The writers (streams.sending, streams.transactions) report here why a write has not gone
-through yet (`trouble`), and that it did (`recovered`). A cause is logged at most once every
-`LOG_EVERY_S` seconds, with how often it recurred meanwhile, instead of once per retry; a
-stage whose trouble lasts `STUCK_AFTER_S` makes `/ready` answer 503 naming the stage and why.
+The writers (the engines' producers and transactions, streams.engine) report here why a
+write has not gone through yet (`trouble`), and that it did (`recovered`). A cause is logged
+at most once every `LOG_EVERY_S` seconds, with how often it recurred meanwhile, instead of once
+per retry; a stage whose trouble lasts `STUCK_AFTER_S` makes `/ready` answer 503 naming the
+stage and why.
 
 A stage can also be stuck without a write to report it: Kafka away while nothing is written,
 or records waiting (lag) that nothing handles. `StallWatch` is told, about once a second, how

@@ -3,7 +3,7 @@
     python -m streams replay-dead-letters [--from TOPIC] [--to TOPIC] [--dry-run]
                                           [--limit N] [--match-error SUBSTRING] [--config F]
 
-A dead-letter record (`streams.records.dead_letter_record`) holds a delivery exactly as it
+A dead-letter record (`streams.core.records.dead_letter_record`) holds a delivery exactly as it
 came, its original headers, and three headers the stream added: `error` (why), `error.stage`
 (`normalize` or `emit`) and `error.topic` (the topic it was read from). Replaying one
 republishes the original key, value and headers, without those three, to `--to`, or, when
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from streams.config import ConfigError, load_settings
+from streams.core.records import json_line
 from streams.kafka_settings import KafkaSettings
-from streams.records import json_line
 
 ADDED_HEADERS = frozenset({"error", "error.stage", "error.topic"})
 """The headers `dead_letter_record` adds to a delivery; everything else is the original."""
@@ -159,8 +159,8 @@ async def replay_dead_letters(
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.errors import KafkaError
 
+    from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
     from streams.kafka_settings import check_access
-    from streams.topics import RAW_MAX_MESSAGE_BYTES
 
     kafka = KafkaSettings.of(kafka)
     bootstrap_servers = kafka.bootstrap_servers

@@ -32,7 +32,7 @@ from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from prometheus_client.parser import text_string_to_metric_families
 
 from streams.config import Settings
-from streams.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic
+from streams.engine.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic
 
 LAST_RECORDS = 4
 """Offsets read back from each output partition's end to find its newest event: a

@@ -4,16 +4,16 @@
 
 `normalize` parses each delivery, applies each instance's rules and repartitions by
 (instance, bucket, key); `emit` dedupes and orders per key with co-partitioned state
-(streams.store) and writes the output, stale and dead-letter topics. Faust runs the process
+(streams.engine.store) and writes the output, stale and dead-letter topics. Faust runs the process
 (start-up, signals, the web server for /metrics and /ready, the sweeper timer); the stages
-consume with their own aiokafka group members in batches (streams.consuming), because Faust's
-per-event stream machinery costs several times the work itself (BENCHMARKS.md).
+consume with their own aiokafka group members in batches (streams.engine.aio.consumer), because
+Faust's per-event stream machinery costs several times the work itself (BENCHMARKS.md).
 
 Guarantees: `normalize` commits its input offsets after Kafka acknowledged the batch's keyed
 and dead-letter records (at least once; a repeat is a duplicate the emit stage drops).
 `emit` with `exactly_once` (the default) commits each input partition's outputs, changelog
-records and offsets in one transaction (streams.transactions); with `at_least_once` it writes
-outputs, then the changelog, then commits.
+records and offsets in one transaction (streams.engine.aio.transactions); with `at_least_once` it
+writes outputs, then the changelog, then commits.
 
 No record stops a stage: one Kafka refuses (too large for its topic) is replaced by a dead
 letter of the input it came from (the delivery in `normalize`, the keyed record in `emit`,
@@ -46,10 +46,9 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from streams import failpoints, metrics
+from streams import metrics
 from streams.config import ConfigError, Settings, load_settings
-from streams.consuming import Batch, BatchLoop
-from streams.emitting import (
+from streams.core.emitting import (
     MARKS,
     MARKS_SWEEP_SCAN,
     SEEN,
@@ -64,15 +63,7 @@ from streams.emitting import (
     mark_revision,
     plan_batch,
 )
-from streams.engine.consumer import RdBatchLoop, consumer_config
-from streams.engine.producer import RdRecordSender
-from streams.engine.transactions import MemberTransactions, PartitionsMoved
-from streams.kafka_settings import KafkaAccessError, KafkaRefusalWording
-from streams.logs import install_kafka_log_filter
-from streams.membership import Departure
-from streams.offsets import adopt_committed_offsets
-from streams.progress import EXIT_STOP_TIMEOUT, STOP_GRACE_S, Progress, StallWatch, Stopping
-from streams.records import (
+from streams.core.records import (
     OutRecord,
     RawRecord,
     dead_letter_record,
@@ -80,13 +71,25 @@ from streams.records import (
     headers_dict,
     parse_keyed,
 )
-from streams.routing import route
-from streams.rules import open_instances_warning
-from streams.sending import DeadLetters, RecordSender
+from streams.core.routing import route
+from streams.core.rules import open_instances_warning
+from streams.engine import failpoints
+from streams.engine.aio.consumer import BatchLoop
+from streams.engine.aio.producer import RecordSender
+from streams.engine.aio.transactions import PartitionTransactions, RecordsRefused
+from streams.engine.batches import Batch
+from streams.engine.librdkafka.consumer import RdBatchLoop, consumer_config
+from streams.engine.librdkafka.producer import RdRecordSender
+from streams.engine.librdkafka.transactions import MemberTransactions, PartitionsMoved
+from streams.engine.membership import Departure
+from streams.engine.offsets import adopt_committed_offsets
+from streams.engine.outcomes import DeadLetters
+from streams.engine.store import SWEEP_FLUSH_KEYS, Revision, StateStore
+from streams.engine.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
+from streams.kafka_settings import KafkaAccessError, KafkaRefusalWording
+from streams.logs import install_kafka_log_filter
+from streams.progress import EXIT_STOP_TIMEOUT, STOP_GRACE_S, Progress, StallWatch, Stopping
 from streams.status import ProgressReporter
-from streams.store import SWEEP_FLUSH_KEYS, Revision, StateStore
-from streams.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
-from streams.transactions import PartitionTransactions, RecordsRefused
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +154,7 @@ def _consumer(group_id: str, member: str) -> AIOKafkaConsumer:
 
 
 def _rd_consumer_config(group_id: str, member: str) -> dict[str, Any]:
-    """The librdkafka engine's stage member (streams.engine.consumer)."""
+    """The librdkafka engine's stage member (streams.engine.librdkafka.consumer)."""
     stream = settings.stream
     return consumer_config(
         settings.kafka.librdkafka_config(),
@@ -206,7 +209,8 @@ class Pipeline:
         self.departure = Departure(
             settings.kafka, stream.app_id, stream.group_instance_id, stream.leave_group_on_stop, log
         )
-        """Whether this worker leaves its groups for good when it stops (streams.membership)."""
+        """Whether this worker leaves its groups for good when it stops
+        (streams.engine.membership)."""
         self.progress = Progress()
         metrics.start_at_zero(
             [instance.name for instance in settings.instances],
@@ -602,7 +606,7 @@ class Pipeline:
         dedupe id is no longer recorded (a replay of the dead letter after the fix is no
         duplicate); its key's ordering mark stays, at worst making an older event stale. A
         changelog record: nothing, and its write is not applied locally either (the state
-        stays what the changelog says). A dead letter: streams.sending.DeadLetters."""
+        stays what the changelog says). A dead letter: streams.engine.outcomes.DeadLetters."""
         table = self.tables_by_changelog.get(record.topic)
         if table is not None:
             assert record.partition is not None and record.key is not None
@@ -646,7 +650,7 @@ class Pipeline:
 
     async def sweep(self, now: float) -> None:
         """Forget dedupe entries past their TTL and deleted keys' marks past their grace
-        (stamping those written before marks expired: streams.emitting.mark_revision),
+        (stamping those written before marks expired: streams.core.emitting.mark_revision),
         locally and (by tombstones) in the changelog."""
         writes: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
 
@@ -688,7 +692,7 @@ class Pipeline:
             )
 
     def mark_grace(self, key: bytes) -> float:
-        """The grace of a `marks` key's instance (streams.emitting.deleted_mark_grace)."""
+        """The grace of a `marks` key's instance (streams.core.emitting.deleted_mark_grace)."""
         return deleted_mark_grace(settings, mark_instance(key))
 
 
@@ -724,7 +728,8 @@ async def _consumer_view(
 
 
 async def _adopt_offsets(group: str, topics: list[str], progress: Progress) -> None:
-    """A stage group's first start after an upgrade from the Faust agents: streams.offsets."""
+    """A stage group's first start after an upgrade from the Faust agents:
+    streams.engine.offsets."""
     delay = 0.5
     while True:
         try:

@@ -19,7 +19,7 @@ What is published is exactly what was signed (issue 13). A message carrying a to
 field SNS does not send for its `Type` (http-notification-json.html,
 http-subscription-confirmation-json.html, http-unsubscribe-confirmation-json.html, plus the
 `MessageAttributes` of a Notification; the sets are the normalizer's,
-`streams.normalizers.s3.SNS_NOTIFICATION_FIELDS`), or any object key twice, is refused 401
+`streams.core.normalizers.s3.SNS_NOTIFICATION_FIELDS`), or any object key twice, is refused 401
 `unsigned-fields`: an extra `Records` beside a signed `Message` would otherwise be read by
 the worker as if SNS had signed it. A `Timestamp` (signed) older than `max_message_age_s`
 (default 1 h, the longest an HTTP(S) delivery policy retries) or more than
@@ -98,7 +98,7 @@ from connectors.webhook_auth.base import (
     respond,
 )
 from streams.config import WebhookRouteConfig
-from streams.normalizers.s3 import SNS_CONFIRMATION_FIELDS, SNS_NOTIFICATION_FIELDS
+from streams.core.normalizers.s3 import SNS_CONFIRMATION_FIELDS, SNS_NOTIFICATION_FIELDS
 
 log = logging.getLogger(__name__)
 

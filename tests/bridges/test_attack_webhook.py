@@ -37,7 +37,7 @@ from connectors.webhook import BUDGET_KEY, READY_KEY, RunningBridge, start_bridg
 from connectors.webhook_auth import build_authenticator
 from connectors.webhook_auth.base import RequestFacts, Services
 from streams.config import ConfigError, Settings, WebhookRouteConfig, load_settings
-from streams.topics import RAW_TOPIC_CONFIG
+from streams.engine.topics import RAW_TOPIC_CONFIG
 
 pytestmark = pytest.mark.kafka
 

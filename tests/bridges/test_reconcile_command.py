@@ -4,7 +4,7 @@
 modules by basename.)
 
 The end-to-end test needs the worker to know the `reconcile` source (`SOURCES` in
-`streams/normalizers/__init__.py`); without it the synthetic deliveries are dead-lettered.
+`streams/core/normalizers/__init__.py`); without it the synthetic deliveries are dead-lettered.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from support.worker import ROOT, Topology, Worker, wait_for
 
 from connectors.reconcile import Known, Listed, last_events, plan
 from streams.config import InstanceConfig
-from streams.delivery import Delivery
-from streams.normalizers import SOURCES
-from streams.normalizers.reconcile import normalize
-from streams.rules import Filtered, apply_instance
+from streams.core.delivery import Delivery
+from streams.core.normalizers import SOURCES
+from streams.core.normalizers.reconcile import normalize
+from streams.core.rules import Filtered, apply_instance
 
 pytest_plugins = ["support.moto_server"]
 
@@ -229,7 +229,7 @@ def has(events: list[dict[str, Any]], *wanted: tuple[str, str, str]) -> bool:
 def test_reconcile_publishes_the_missed_changes_once(setup: Setup) -> None:
     assert "reconcile" in SOURCES, (
         "the worker cannot read source=reconcile yet: add it to SOURCES in "
-        "streams/normalizers/__init__.py"
+        "streams/core/normalizers/__init__.py"
     )
     s3 = setup.s3
     queue_url = setup.sqs.create_queue(QueueName=unique_name("q"))["QueueUrl"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from benchmarks.chaos import Read, Result, Workload, build_workload, compare
-from streams.normalizers import normalize
-from streams.records import RawRecord, delivery_from_raw, output_record, stale_record
+from streams.core.normalizers import normalize
+from streams.core.records import RawRecord, delivery_from_raw, output_record, stale_record
 
 
 def events_by_id(work: Workload) -> dict[str, object]:

@@ -12,7 +12,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import ConsumerRecord, RecordMetadata
 
 from fileevents import FileEvents
-from streams.event import FileEvent
+from streams.core.event import FileEvent
 
 Header = tuple[str, bytes]
 NullableHeader = tuple[str, bytes | None]

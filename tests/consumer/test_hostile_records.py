@@ -574,7 +574,7 @@ def test_an_unreadable_record_costs_no_other_record_on_any_partition(
 def test_every_event_the_stream_can_serialise_is_read() -> None:
     """The consumer's nesting bound agrees with the stream's serialiser: the deepest `raw`
     the stream can write is read back; one level deeper the stream refuses to write it."""
-    from streams.records import event_json
+    from streams.core.records import event_json
 
     def raw_nested(depth: int) -> dict[str, Any]:
         node: dict[str, Any] = {}

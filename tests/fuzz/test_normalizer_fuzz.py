@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streams.delivery import Delivery
-from streams.event import FileEvent
-from streams.normalizers import SOURCES, MalformedDelivery, normalize
+from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
+from streams.core.normalizers import SOURCES, MalformedDelivery, normalize
 
 DEEP = 100_000
 FIVE_MB = 5 * 1024 * 1024

@@ -1,7 +1,7 @@
 """Tenant isolation, as a property: an event lands in exactly the instances whose bucket and
 prefix contain it (the prefix on a path boundary), with the prefix stripped, and in no other.
 
-Pure: `streams.rules.apply_instance` for events, and `streams.routing.route` for whole raw
+Pure: `streams.core.rules.apply_instance` for events, and `streams.core.routing.route` for whole raw
 deliveries (S3, whose keys are form-encoded on the wire, and GCS, whose keys are raw), so that
 the decoding of `%2F`, `+` and unicode happens before the rules and cannot smuggle a key into
 another tenant. The oracle below is written independently of `under_prefix`: path segments.
@@ -11,7 +11,7 @@ join it to a root of theirs. A key that, read the way a consumer or SDK might re
 `\\` as a separator, percent-decoded until decoding changes nothing), resolves above that
 root at some point, or to the root itself, is not the instance's (`prefix-escape`). The
 oracle resolves each reading with `posixpath.normpath` under a root, prefix by prefix, rather
-than counting segments as streams.rules does.
+than counting segments as streams.core.rules does.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streams.config import InstanceConfig, Settings
-from streams.event import FileEvent
-from streams.records import RawRecord, parse_keyed
-from streams.routing import route
-from streams.rules import Filtered, apply_instance
+from streams.core.event import FileEvent
+from streams.core.records import RawRecord, parse_keyed
+from streams.core.routing import route
+from streams.core.rules import Filtered, apply_instance
 
 # Pieces that make look-alike and traversal-shaped keys and prefixes.
 SEGMENTS = [

@@ -29,10 +29,10 @@ from support.kafka_io import Header, Read, read_topic
 from support.payloads import s3_body, s3_record
 from support.worker import ROOT, Topology, Worker, wait_for
 
-from streams.partitioning import partition_for
+from streams.core.partitioning import partition_for
+from streams.core.records import partition_key
+from streams.engine.topics import EVENT_MAX_MESSAGE_BYTES, RAW_MAX_MESSAGE_BYTES
 from streams.progress import EXIT_STOP_TIMEOUT, STOP_GRACE_S
-from streams.records import partition_key
-from streams.topics import EVENT_MAX_MESSAGE_BYTES, RAW_MAX_MESSAGE_BYTES
 
 pytestmark = pytest.mark.kafka
 

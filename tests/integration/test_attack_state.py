@@ -42,12 +42,12 @@ from support.stream import Stream as BaseStream
 from support.stream import running_worker
 from support.worker import Topology, Worker, wait_for
 
-from streams.delivery import Delivery
-from streams.event import FileEvent
-from streams.normalizers import normalize
-from streams.ordering import mark_for
-from streams.partitioning import partition_for
-from streams.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
+from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
+from streams.core.normalizers import normalize
+from streams.core.ordering import mark_for
+from streams.core.partitioning import partition_for
+from streams.engine.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
 
 pytestmark = pytest.mark.kafka
 

@@ -23,7 +23,7 @@ from support.worker import Topology, Worker
 
 from dev.kafka.private import LOCAL_KAFKA, PrivateCluster, free_port_run
 from streams.config import load_settings
-from streams.topics import MIN_INSYNC_REPLICAS, topology
+from streams.engine.topics import MIN_INSYNC_REPLICAS, topology
 
 pytestmark = pytest.mark.kafka
 

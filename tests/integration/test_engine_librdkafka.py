@@ -16,8 +16,8 @@ from support.kafka_io import produce, raw, read_topic
 from support.payloads import s3_body, s3_record
 from support.worker import Topology, Worker, wait_for
 
-from streams.partitioning import partition_for
-from streams.records import partition_key
+from streams.core.partitioning import partition_for
+from streams.core.records import partition_key
 
 pytestmark = pytest.mark.kafka
 

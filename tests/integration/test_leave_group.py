@@ -1,6 +1,6 @@
 """Leaving for good (issue 15, item 4): a static member that will not come back leaves its
 groups at once, so its partitions are processed again within 5 s instead of after the session
-timeout (30 s here). Two real workers, one group, the real broker (streams.membership)."""
+timeout (30 s here). Two real workers, one group, the real broker (streams.engine.membership)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from support.kafka_io import read_topic
 from support.payloads import s3_body, s3_record
 from support.worker import ROOT, Topology, Worker, wait_for
 
-from streams.membership import GroupView, admin_client, describe_group
+from streams.engine.membership import GroupView, admin_client, describe_group
 
 SESSION_TIMEOUT_S = 30
 PROCESSED_AGAIN_WITHIN_S = 5.0

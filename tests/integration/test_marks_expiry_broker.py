@@ -28,10 +28,10 @@ from support.payloads import s3_body, s3_record
 from support.worker import Topology, Worker, wait_for
 
 from streams.config import Settings
-from streams.emitting import mark_key
-from streams.event import FileEvent
-from streams.ordering import Mark
-from streams.topics import MARKS_TABLE, changelog_topic, ensure_topics, topology
+from streams.core.emitting import mark_key
+from streams.core.event import FileEvent
+from streams.core.ordering import Mark
+from streams.engine.topics import MARKS_TABLE, changelog_topic, ensure_topics, topology
 
 pytestmark = pytest.mark.kafka
 

@@ -15,9 +15,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from support.kafka_io import read_topic
 
-from streams.records import OutRecord, RawRecord, dead_letter_record
+from streams.core.records import OutRecord, RawRecord, dead_letter_record
+from streams.engine.topics import TopicSpec, ensure_topics
 from streams.replay import replay_dead_letters
-from streams.topics import TopicSpec, ensure_topics
 
 pytestmark = pytest.mark.kafka
 

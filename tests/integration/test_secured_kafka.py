@@ -44,8 +44,8 @@ from support.secured_broker import SecuredBroker
 from support.worker import ROOT, Topology, Worker, free_port, wait_for
 
 from fileevents import FileEvent, FileEvents
+from streams.engine.topics import TopicSpec, ensure_topics
 from streams.kafka_settings import KafkaSettings, check_access
-from streams.topics import TopicSpec, ensure_topics
 
 pytest_plugins = ["support.moto_server"]
 pytestmark = pytest.mark.kafka

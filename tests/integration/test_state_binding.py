@@ -18,7 +18,7 @@ from support.local_broker import PrivateBroker
 from support.payloads import s3_body, s3_record
 from support.worker import Topology, Worker, wait_for
 
-from streams.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, topology
+from streams.engine.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, topology
 
 pytestmark = pytest.mark.kafka
 

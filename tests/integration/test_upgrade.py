@@ -12,8 +12,8 @@ from support.kafka_io import produce, raw, read_topic
 from support.payloads import s3_body, s3_record
 from support.worker import Topology, Worker
 
-from streams.offsets import adopt_committed_offsets
-from streams.topics import ensure_topics, topology
+from streams.engine.offsets import adopt_committed_offsets
+from streams.engine.topics import ensure_topics, topology
 
 pytestmark = pytest.mark.kafka
 

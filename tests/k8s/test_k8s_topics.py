@@ -1,6 +1,6 @@
 """Every topic the code uses has a Strimzi KafkaTopic that matches it, in every overlay.
 
-The expected topics are not listed here: they come from `streams.topics.topology()` called
+The expected topics are not listed here: they come from `streams.engine.topics.topology()` called
 on the configuration each overlay ships (its ConfigMap's streams.toml and the environment
 its worker pod gets), plus Faust's leader topic `<app_id>-__assignor-__leader`. So a topic
 added to the code, or an instance added to the config, fails this test until its KafkaTopic
@@ -17,7 +17,7 @@ import yaml
 from k8s_objects import Resource, of_kind, shipped_settings
 
 from streams.config import InstanceConfig, Settings
-from streams.topics import TopicSpec, topology
+from streams.engine.topics import TopicSpec, topology
 
 MIN_INSYNC = "min.insync.replicas"
 

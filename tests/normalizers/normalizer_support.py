@@ -22,9 +22,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.delivery import Delivery
-from streams.event import FileEvent
-from streams.normalizers.base import MalformedDelivery, Normalizer
+from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
+from streams.core.normalizers.base import MalformedDelivery, Normalizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -88,9 +88,9 @@ def deliver(source: str, body: Any, headers: Mapping[str, str] | None = None) ->
 
 
 def normalizer(source: str) -> Normalizer:
-    """`streams.normalizers.<source>.normalize` itself, not looked up through the registry
+    """`streams.core.normalizers.<source>.normalize` itself, not looked up through the registry
     (the tests that the registry finds each module compare the two)."""
-    normalize: Normalizer = importlib.import_module(f"streams.normalizers.{source}").normalize
+    normalize: Normalizer = importlib.import_module(f"streams.core.normalizers.{source}").normalize
     return normalize
 
 

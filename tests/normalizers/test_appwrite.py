@@ -19,10 +19,10 @@ from normalizer_support import (
     webhook_bodies,
 )
 
-from streams.delivery import Delivery
-from streams.event import FileEvent
-from streams.normalizers.appwrite import SOURCE, normalize
-from streams.normalizers.base import derived_id, record_hash_id
+from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
+from streams.core.normalizers.appwrite import SOURCE, normalize
+from streams.core.normalizers.base import derived_id, record_hash_id
 
 BUCKET = "5e5ea5c16897e"
 FILE = "5e5ea5c16897e"

@@ -1,4 +1,4 @@
-"""Azure Event Grid blob events -> FileEvent (streams.normalizers.azure).
+"""Azure Event Grid blob events -> FileEvent (streams.core.normalizers.azure).
 
 Fixtures are real or documented payloads (see fixtures/azure/ORIGINS.md); variants are built
 from them in code, and each test says what it changed.
@@ -31,9 +31,9 @@ from normalizer_support import (
     single,
 )
 
-from streams.delivery import Delivery
-from streams.normalizers import normalize as registry_normalize
-from streams.normalizers.azure import SOURCE, normalize
+from streams.core.delivery import Delivery
+from streams.core.normalizers import normalize as registry_normalize
+from streams.core.normalizers.azure import SOURCE, normalize
 
 fixture = partial(load_fixture, SOURCE)
 delivery = partial(deliver, SOURCE)

@@ -23,9 +23,9 @@ from normalizer_support import (
     webhook_bodies,
 )
 
-from streams.event import FileEvent
-from streams.normalizers.b2 import SOURCE, normalize
-from streams.normalizers.base import derived_id, record_hash_id
+from streams.core.event import FileEvent
+from streams.core.normalizers.b2 import SOURCE, normalize
+from streams.core.normalizers.base import derived_id, record_hash_id
 
 fixture = partial(fixture_bytes, SOURCE)
 delivery = partial(deliver, SOURCE)

@@ -1,4 +1,4 @@
-"""The helpers every normalizer shares (streams.normalizers.base)."""
+"""The helpers every normalizer shares (streams.core.normalizers.base)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.normalizers.base import (
+from streams.core.normalizers.base import (
     MalformedDelivery,
     change_id,
     derived_id,
@@ -24,7 +24,7 @@ from streams.normalizers.base import (
     reject_lone_surrogates,
     strip_quotes,
 )
-from streams.normalizers.keys import form_decode
+from streams.core.normalizers.keys import form_decode
 
 # --- load_json ------------------------------------------------------------------------------
 

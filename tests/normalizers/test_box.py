@@ -22,9 +22,9 @@ from normalizer_support import (
     webhook_bodies,
 )
 
-from streams.event import FileEvent
-from streams.normalizers.base import derived_id, record_hash_id
-from streams.normalizers.box import SOURCE, normalize
+from streams.core.event import FileEvent
+from streams.core.normalizers.base import derived_id, record_hash_id
+from streams.core.normalizers.box import SOURCE, normalize
 
 fixture = partial(fixture_bytes, SOURCE)
 delivery = partial(deliver, SOURCE)

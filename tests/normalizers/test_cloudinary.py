@@ -22,10 +22,10 @@ from normalizer_support import (
     webhook_bodies,
 )
 
-from streams.event import FileEvent
-from streams.normalizers.base import derived_id, record_hash_id
-from streams.normalizers.cloudinary import SOURCE, normalize
-from streams.ordering import mark_for, order_token, staleness
+from streams.core.event import FileEvent
+from streams.core.normalizers.base import derived_id, record_hash_id
+from streams.core.normalizers.cloudinary import SOURCE, normalize
+from streams.core.ordering import mark_for, order_token, staleness
 
 fixture = partial(fixture_bytes, SOURCE)
 load = partial(load_fixture, SOURCE)

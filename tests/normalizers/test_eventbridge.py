@@ -21,10 +21,10 @@ from normalizer_support import (
     single,
 )
 
-from streams.delivery import Delivery
-from streams.event import FileEvent
-from streams.normalizers import normalize as registry_normalize
-from streams.normalizers.eventbridge import SOURCE
+from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
+from streams.core.normalizers import normalize as registry_normalize
+from streams.core.normalizers.eventbridge import SOURCE
 
 fixture = partial(load_fixture, SOURCE)
 run = partial(normalized, SOURCE)

@@ -11,10 +11,10 @@ import pytest
 from normalizer_support import FIXTURES, fixture_names, load_fixture
 from pydantic import ValidationError
 
-from streams.delivery import Delivery
-from streams.event import FileEvent
-from streams.normalizers import normalizer_for
-from streams.normalizers.base import MalformedDelivery
+from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
+from streams.core.normalizers import normalizer_for
+from streams.core.normalizers.base import MalformedDelivery
 
 VALUES: dict[str, Any] = {
     "id": "s3:0123456789abcdef0123456789abcdef",

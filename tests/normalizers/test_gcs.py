@@ -1,4 +1,4 @@
-"""GCS Pub/Sub notifications -> FileEvent (streams.normalizers.gcs).
+"""GCS Pub/Sub notifications -> FileEvent (streams.core.normalizers.gcs).
 
 Fixtures are real or documented payloads (see fixtures/gcs/ORIGINS.md); variants are built
 from them in code, and each test says what it changed.
@@ -31,10 +31,10 @@ from normalizer_support import (
     single,
 )
 
-from streams.delivery import Delivery
-from streams.normalizers import normalize as registry_normalize
-from streams.normalizers.base import derived_id
-from streams.normalizers.gcs import SOURCE, normalize
+from streams.core.delivery import Delivery
+from streams.core.normalizers import normalize as registry_normalize
+from streams.core.normalizers.base import derived_id
+from streams.core.normalizers.gcs import SOURCE, normalize
 
 fixture = partial(load_fixture, SOURCE)
 

@@ -21,11 +21,11 @@ from normalizer_support import (
     with_s3_record,
 )
 
-from streams.delivery import Delivery
-from streams.event import FileEvent
-from streams.normalizers import normalize as registry_normalize
-from streams.normalizers.base import derived_id, record_hash_id
-from streams.normalizers.minio import SOURCE
+from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
+from streams.core.normalizers import normalize as registry_normalize
+from streams.core.normalizers.base import derived_id, record_hash_id
+from streams.core.normalizers.minio import SOURCE
 
 VERSION_UUID = "7ead3921-78e0-441a-a939-c772d69c34a2"
 

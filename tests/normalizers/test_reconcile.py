@@ -1,4 +1,4 @@
-"""Synthetic reconcile deliveries -> FileEvent (format: streams/normalizers/reconcile.py)."""
+"""Synthetic reconcile deliveries -> FileEvent (format: streams/core/normalizers/reconcile.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.delivery import Delivery
-from streams.event import FileEvent
-from streams.normalizers.base import MalformedDelivery, derived_id
-from streams.normalizers.reconcile import SOURCE, normalize, reconcile_id
+from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
+from streams.core.normalizers.base import MalformedDelivery, derived_id
+from streams.core.normalizers.reconcile import SOURCE, normalize, reconcile_id
 
 OBSERVED = datetime(2026, 11, 30, 1, 0, 0, 123456, tzinfo=UTC)
 MODIFIED = datetime(2026, 11, 30, 0, 8, 7, tzinfo=UTC)

@@ -22,10 +22,10 @@ from normalizer_support import (
     webhook_bodies,
 )
 
-from streams.delivery import Delivery
-from streams.event import FileEvent
-from streams.normalizers.base import derived_id, record_hash_id
-from streams.normalizers.supabase import SOURCE, normalize
+from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
+from streams.core.normalizers.base import derived_id, record_hash_id
+from streams.core.normalizers.supabase import SOURCE, normalize
 
 V1 = "6d1d2a1e-5f1c-4e0b-9d0a-3a0f6c1b2e11"
 V2 = "b3c8f9e2-7a4d-4c61-8e52-0f9d4a7b6c22"

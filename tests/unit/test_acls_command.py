@@ -13,7 +13,7 @@ import yaml
 from streams.acls import Acl, AclError, bridge_acls, consumer_acls, reconcile_acls, worker_acls
 from streams.cli import main
 from streams.config import Settings, load_settings
-from streams.topics import topology
+from streams.engine.topics import topology
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_CONFIG = ROOT / "k8s" / "base" / "streams.toml"

@@ -1,4 +1,4 @@
-"""The AsyncAPI document: generated from streams.topics, checked in for the default
+"""The AsyncAPI document: generated from streams.engine.topics, checked in for the default
 configuration, and valid against the official AsyncAPI 3.0.0 JSON Schema (`@asyncapi/specs`
 in package.json, installed by `npm ci`)."""
 
@@ -16,8 +16,8 @@ from jsonschema import Draft7Validator
 from streams.asyncapi import asyncapi_document
 from streams.cli import main
 from streams.config import Settings, load_settings
-from streams.schema import FILE_EVENT_SCHEMA_URI, file_event_schema, schema_text
-from streams.topics import topology
+from streams.core.schema import FILE_EVENT_SCHEMA_URI, file_event_schema, schema_text
+from streams.engine.topics import topology
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED_IN = ROOT / "schemas" / "asyncapi.json"

@@ -8,9 +8,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from streams.delivery import Delivery
-from streams.normalizers import normalize
-from streams.records import output_record
+from streams.core.delivery import Delivery
+from streams.core.normalizers import normalize
+from streams.core.records import output_record
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -66,7 +66,7 @@ def test_a_test_event_says_why_nothing_came_out() -> None:
     assert (result.returncode, result.stdout) == (0, "")
     (line,) = result.stderr.splitlines()
     assert line.startswith("no events: the s3 normalizer yields none")
-    assert "streams/normalizers/s3.py" in line
+    assert "streams/core/normalizers/s3.py" in line
 
 
 def test_a_filtered_event_names_the_instance_and_the_reason(tmp_path: Path) -> None:

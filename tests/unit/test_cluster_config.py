@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from streams.config import ConfigError, load_settings
-from streams.topics import MIN_INSYNC_REPLICAS, topology
+from streams.engine.topics import MIN_INSYNC_REPLICAS, topology
 
 
 def write(tmp_path: Path, stream: str) -> Path:

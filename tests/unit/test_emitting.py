@@ -1,4 +1,5 @@
-"""streams.emitting.plan_batch: dedupe, per-key order and output records, against in-memory state.
+"""streams.core.emitting.plan_batch: dedupe, per-key order and output records, against in-memory
+state.
 
 `MemoryState` is a plain implementation of the StateReader protocol (the state interface, not
 Kafka); applying a plan's `writes` to it is what the worker does once Kafka acknowledged the
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 
 from streams.config import Settings
-from streams.emitting import (
+from streams.core.emitting import (
     LEGACY_UNTIL_KEY,
     MARKS,
     SEEN,
@@ -26,10 +27,10 @@ from streams.emitting import (
     plan_batch,
     seen_key,
 )
-from streams.event import FileEvent
-from streams.ordering import Mark, mark_for
-from streams.records import OutRecord, keyed_record, parse_keyed
-from streams.store import OFFSET_KEY
+from streams.core.event import FileEvent
+from streams.core.ordering import Mark, mark_for
+from streams.core.records import OutRecord, keyed_record, parse_keyed
+from streams.engine.store import OFFSET_KEY
 
 NOW = 1_800_000_000.0
 SETTINGS = Settings.model_validate(

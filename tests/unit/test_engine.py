@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from streams.config import ConfigError, load_settings
-from streams.engine.consumer import consumer_config
-from streams.engine.producer import acknowledgements, producer_config
+from streams.core.records import OutRecord
+from streams.engine.librdkafka.consumer import consumer_config
+from streams.engine.librdkafka.producer import acknowledgements, producer_config
 from streams.kafka_settings import KafkaSettings
-from streams.records import OutRecord
 
 
 def test_the_engine_defaults_to_aiokafka_and_librdkafka_speaks_kip_848() -> None:
@@ -55,7 +55,7 @@ def test_the_consumer_protocol_leaves_session_and_assignor_to_the_broker() -> No
 def test_every_producer_is_idempotent_with_the_java_partitioner() -> None:
     config = producer_config(KafkaSettings(bootstrap_servers="k:9092"), "app-sender")
     assert config["enable.idempotence"] is True and config["acks"] == "all"
-    assert config["partitioner"] == "murmur2_random"  # streams.partitioning.partition_for's
+    assert config["partitioner"] == "murmur2_random"  # streams.core.partitioning.partition_for's
 
 
 def test_acknowledgements_give_each_partitions_last_offset_exactly() -> None:
@@ -71,7 +71,7 @@ def test_acknowledgements_give_each_partitions_last_offset_exactly() -> None:
 def test_librdkafka_lines_repeat_once_per_cause_not_once_per_template() -> None:
     import logging
 
-    from streams.engine import librdkafka_log
+    from streams.engine.librdkafka import librdkafka_log
 
     logger = librdkafka_log()
     assert librdkafka_log() is logger and len(logger.filters) == 1  # installed once
@@ -98,7 +98,7 @@ def test_librdkafka_lines_repeat_once_per_cause_not_once_per_template() -> None:
 def test_a_refusal_reads_as_on_the_aiokafka_engine() -> None:
     from confluent_kafka import KafkaError
 
-    from streams.engine.producer import refusal_error
+    from streams.engine.librdkafka.producer import refusal_error
 
     refused = refusal_error(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, "Broker: too large"))
     assert type(refused).__name__ == "MessageSizeTooLargeError"  # dead letters' reason

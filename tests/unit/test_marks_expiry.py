@@ -1,6 +1,6 @@
 """Deleted keys' ordering marks are forgotten after a grace; live keys' marks are kept.
 
-The decisions are pure (streams.ordering `with_grace`/`forgotten`, streams.emitting
+The decisions are pure (streams.core.ordering `with_grace`/`forgotten`, streams.core.emitting
 `plan_batch`, `mark_revision`, `mark_forget_at`), tested against in-memory state; the
 store's `revisions` scan runs on a real RocksDB database in a temporary directory.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from streams.config import ConfigError, Settings, load_settings
-from streams.emitting import (
+from streams.core.emitting import (
     LEGACY_UNTIL_KEY,
     MARKS,
     EmitPlan,
@@ -27,10 +27,10 @@ from streams.emitting import (
     mark_revision,
     plan_batch,
 )
-from streams.event import FileEvent
-from streams.ordering import Mark, forgotten, mark_for, with_grace
-from streams.records import keyed_record
-from streams.store import Revision, StateStore
+from streams.core.event import FileEvent
+from streams.core.ordering import Mark, forgotten, mark_for, with_grace
+from streams.core.records import keyed_record
+from streams.engine.store import Revision, StateStore
 
 NOW = 1_800_000_000.0
 TTL_A = 60.0

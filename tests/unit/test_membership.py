@@ -1,11 +1,11 @@
-"""streams.membership without a broker: the LeaveGroup v3 bytes, the member names, the words
+"""streams.engine.membership without a broker: the LeaveGroup v3 bytes, the member names, the words
 (the broker side is tests/integration/test_leave_group.py)."""
 
 from __future__ import annotations
 
 import struct
 
-from streams.membership import (
+from streams.engine.membership import (
     GroupView,
     LeaveGroupResponse_v3,
     LeaveStaticMembers,

@@ -1,4 +1,4 @@
-"""streams.ordering: per-key order by the provider's own tokens, else by event time.
+"""streams.core.ordering: per-key order by the provider's own tokens, else by event time.
 
 `stale(incoming, emitted)` asks: is `incoming` older than the event already emitted for
 its key? S3 cases are built from PROVIDERS.md §1 (real sequencers, the padding rule, the
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.event import FileEvent
-from streams.ordering import (
+from streams.core.event import FileEvent
+from streams.core.ordering import (
     SEQUENCER_WIDTH,
     Mark,
     bounded_mark,

@@ -1,4 +1,4 @@
-"""streams.partitioning: the same partitions as Kafka's default partitioner, for any key."""
+"""streams.core.partitioning: the same partitions as Kafka's default partitioner, for any key."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from aiokafka.partitioner import DefaultPartitioner, murmur2
 from hypothesis import given
 from hypothesis import strategies as st
 
-from streams.partitioning import murmur2 as fast_murmur2
-from streams.partitioning import partition_for
+from streams.core.partitioning import murmur2 as fast_murmur2
+from streams.core.partitioning import partition_for
 
 
 @given(st.binary(max_size=200))

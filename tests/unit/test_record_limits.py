@@ -13,10 +13,10 @@ import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from streams.config import Settings
-from streams.delivery import Delivery
-from streams.event import FileEvent
-from streams.normalizers import KEY_LIMITS, SOURCES, MalformedDelivery, check_bounds, normalize
-from streams.records import (
+from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
+from streams.core.normalizers import KEY_LIMITS, SOURCES, MalformedDelivery, check_bounds, normalize
+from streams.core.records import (
     OutRecord,
     RawRecord,
     dead_letter_record,
@@ -27,9 +27,9 @@ from streams.records import (
     record_bytes,
     stale_record,
 )
-from streams.routing import route
-from streams.sending import VALUE_DROPPED_HEADER, DeadLetters
-from streams.topics import (
+from streams.core.routing import route
+from streams.engine.outcomes import VALUE_DROPPED_HEADER, DeadLetters
+from streams.engine.topics import (
     DEAD_LETTER_MAX_MESSAGE_BYTES,
     EVENT_MAX_MESSAGE_BYTES,
     MAX_MESSAGE_BYTES,

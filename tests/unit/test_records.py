@@ -1,4 +1,4 @@
-"""streams.records: raw record -> Delivery, and the keyed / dead-letter record shapes."""
+"""streams.core.records: raw record -> Delivery, and the keyed / dead-letter record shapes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from streams.event import FileEvent
-from streams.records import (
+from streams.core.event import FileEvent
+from streams.core.records import (
     RawRecord,
     dead_letter_record,
     delivery_from_raw,

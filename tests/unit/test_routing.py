@@ -1,4 +1,5 @@
-"""streams.routing.route: raw record -> keyed records per instance, filter counts, dead letters."""
+"""streams.core.routing.route: raw record -> keyed records per instance, filter counts, dead
+letters."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Any
 import pytest
 
 from streams.config import Settings
-from streams.event import FileEvent
-from streams.records import OutRecord, RawRecord, parse_keyed
-from streams.routing import route
+from streams.core.event import FileEvent
+from streams.core.records import OutRecord, RawRecord, parse_keyed
+from streams.core.routing import route
 
 SETTINGS = Settings.model_validate(
     {

@@ -1,4 +1,5 @@
-"""streams.rules: which events an instance keeps (bucket, prefix, plugins) and how it sees them."""
+"""streams.core.rules: which events an instance keeps (bucket, prefix, plugins) and how it sees
+them."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streams.config import InstanceConfig
-from streams.event import FileEvent
-from streams.rules import (
+from streams.core.event import FileEvent
+from streams.core.rules import (
     Filtered,
     apply_instance,
     escapes_root,

@@ -16,11 +16,11 @@ from support.event_schema import SCHEMA_DIR, check_record, schema_errors, valida
 from support.kafka_io import produce, read_topic
 
 from streams.cli import main
-from streams.delivery import Delivery
-from streams.event import FileEvent
-from streams.normalizers import SOURCES, MalformedDelivery, normalize
-from streams.records import event_json, headers_dict, output_record, stale_record
-from streams.schema import (
+from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
+from streams.core.normalizers import SOURCES, MalformedDelivery, normalize
+from streams.core.records import event_json, headers_dict, output_record, stale_record
+from streams.core.schema import (
     FILE_EVENT_SCHEMA_PATH,
     FILE_EVENT_SCHEMA_URI,
     file_event_schema,

@@ -1,4 +1,5 @@
-"""The state binding's decisions (streams/binding.py) and the store's discard, on real RocksDB."""
+"""The state binding's decisions (streams/engine/binding.py) and the store's discard, on real
+RocksDB."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from streams.binding import BINDING_FILE, Binding, mismatch, read_binding, write_binding
-from streams.store import StateStore
+from streams.engine.binding import BINDING_FILE, Binding, mismatch, read_binding, write_binding
+from streams.engine.store import StateStore
 
 CHANGELOGS = {"seen": "app-seen-changelog", "marks": "app-marks-changelog"}
 HERE = Binding("cluster-a", {"app-seen-changelog": "seen-1", "app-marks-changelog": "marks-1"})
@@ -68,7 +69,7 @@ def test_bind_discards_every_database_once_and_says_why(
     store.open([0, 1])
     store.apply({("seen", 0): {b"s3:id": b"1"}})
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="streams.store"):
+    with caplog.at_level(logging.WARNING, logger="streams.engine.store"):
         assert store.bind(HERE) is None
         assert store.partitions() == [0, 1]  # kept open, nothing discarded
         reason = store.bind(Binding("cluster-b", dict(HERE.topic_ids)))
@@ -89,7 +90,7 @@ def test_bind_says_once_that_a_broker_without_topic_ids_binds_the_cluster_only(
 ) -> None:
     store = StateStore(tmp_path, CHANGELOGS)
     no_ids = Binding("cluster-a", dict.fromkeys(CHANGELOGS.values()))
-    with caplog.at_level(logging.WARNING, logger="streams.store"):
+    with caplog.at_level(logging.WARNING, logger="streams.engine.store"):
         assert store.bind(no_ids) is None
         assert store.bind(no_ids) is None
     assert len(caplog.records) == 1

@@ -1,0 +1,16 @@
+"""The functional core: what the stream decides, as pure functions over plain data.
+
+No Kafka, HTTP, disk or clock here (a time is always passed in), so every decision is
+tested without a broker:
+
+* `normalizers/`: one module per provider, a delivery's bytes to canonical events
+  (`normalizers.SOURCES` is the registry);
+* `routing`: a raw record to its keyed records or a dead-letter reason;
+* `rules`: an instance's filters and key rewriting;
+* `emitting`: a batch's dedupe/order plan (what to emit, what is stale, what state to write);
+* `ordering`: the per-key sequencer comparison and ordering marks;
+* `records`, `event`, `delivery`, `schema`, `partitioning`: the records and event they
+  work on, and the partition a key lands on (the Java client's murmur2).
+
+The Kafka-facing shell that feeds them is streams.engine; streams.worker joins the two.
+"""

@@ -1,0 +1,430 @@
+"""Stage two, pure: keyed events become output, stale or nothing (duplicates), per batch.
+
+Runs on the repartition topic, so every copy of one change and every change of one key is in
+one partition and handled in order. For each event, in order:
+
+1. Dedupe on (instance, scope, event.id): an id seen less than the instance's TTL ago is a
+   duplicate. The expiry is written once, when the id is first handled, and never extended,
+   so neither a redelivery nor a state restore gives an id a fresh lease.
+2. Order per (instance, scope, bucket, key): an event older than the last one emitted for its
+   key in its scope goes to the stale topic with the reason (see streams.core.ordering); a
+   `deleted` that removed only a noncurrent version is emitted but does not move the key's
+   mark, since the key lives on. An event time beyond `stream.max_clock_skew_s` ahead of the
+   worker's clock is not recorded in the mark.
+3. Otherwise it is emitted.
+
+The scope (`streams.core.ordering.scope`) is the provider that issued the id and the token, as
+Azure storage account or AWS partition where one endpoint receives several: one provider's
+credential cannot make another provider's change a duplicate (a B2 `eventId` equal to an S3
+change's derived id) or stale (a MinIO sequencer `"F" * 64`, a Supabase time of 9999-12-31),
+and same-named buckets of two providers no longer order against each other.
+
+State keys (the tables are co-partitioned with the repartition topic; the partition is the
+input record's):
+
+* `seen`: `<instance>/<id>` when the id is the provider's own derived id (`<provider>:...`,
+  S3, GCS, MinIO, Supabase, Appwrite, reconcile, and B2/Box/Cloudinary fallbacks) and the
+  scope is the provider itself: the key the stream wrote before scopes, so that state carries
+  over at no cost. Otherwise `<instance>|<scope>|<id>`. Instance names hold no `|` and scopes
+  neither `|`, `/` nor `:`, so no two (instance, scope, id) share a key, and a key of the
+  first form with the id `<p>:...` can only be written by provider `p`.
+* `marks`: `<instance>|<scope>|<bucket>/<key>` (before scopes: `<instance>/<bucket>/<key>`).
+
+Upgrade from unscoped state. Databases and changelogs written before scopes hold `seen`
+entries `<instance>/<id>` for every id and `marks` `<instance>/<bucket>/<key>` for every key.
+On a partition's first plan, the `marks` entry `LEGACY_UNTIL_KEY` is written: now + the
+longest dedupe TTL when the partition already had state (its changelog offset key is set),
+else now. Until that time, and only then, a miss of a scoped key falls back to the old key:
+
+* `seen`, for an id of the second form: the old key `<instance>/<id>`, unless the id starts
+  with `<p>:` for a source `p` other than the event's provider. Since scopes, the old form is
+  written only for provider `p`'s own `<p>:` ids; so the fallback reads either entries written
+  before the upgrade or the event's own provider's. No delivery after the upgrade can make
+  another provider's change a duplicate through it, and an old entry counts only until its
+  own expiry (no later than the window).
+* `marks`: the old key, which nothing writes any more, so only marks recorded before the
+  upgrade are read. One applies only to an event of the provider it came from: an id
+  `<p>:...` belongs to `p`, else the token kind names the provider (an unprefixed id with an
+  AWS sequencer is EventBridge's, Azure's with an Azure sequencer; a time-only mark with an
+  unprefixed id may be B2's, Box's, Cloudinary's, Azure's or EventBridge's), and only with
+  the same token kind (tokens compared with tokens, times with times). Its time is bounded
+  like any mark's.
+
+So a redelivery of a change handled before the upgrade is still a duplicate, and an older
+change of a key last emitted before it is still stale, for the longest TTL after the upgrade;
+then the old keys are no longer read (after the TTL a redelivery is no duplicate in any case).
+A mark poisoned before the upgrade (by the very attack scopes prevent) affects only its own
+provider's events of that key, and only until the window closes. The fallback costs a read
+only on a miss, only in the window, and never on a partition that starts without state.
+
+Deleted keys' marks expire (streams.core.ordering `with_grace`): the mark a `deleted` event leaves
+records `forget_at` = now + the grace (`stream.deleted_mark_grace_s`, else the instance's
+`dedupe_ttl`: `deleted_mark_grace`). Past it, the plan reads the mark as none, a restore skips
+it (`mark_forget_at`) and the worker's sweeper deletes it and tombstones it in the changelog
+(`mark_revision`). Marks written before this rule carry no `forget_at`: the sweeper stamps
+those of deleted keys (both key forms) with the sweep's time + the grace, so they are
+forgotten a grace after the first sweep that sees them, never earlier. Live keys' marks stay.
+
+The plan holds the records to send and the state to record once Kafka acknowledged them:
+a batch that fails to send records nothing, so its redelivery runs again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import orjson
+
+from streams.config import InstanceConfig, Settings
+from streams.core.event import FileEvent
+from streams.core.normalizers import SOURCES
+from streams.core.ordering import (
+    TOKEN_KINDS,
+    Mark,
+    bounded_mark,
+    forgotten,
+    mark_for,
+    recorded_mark,
+    scope,
+    stale_reason,
+    with_grace,
+)
+from streams.core.records import (
+    KeyedEvent,
+    OutRecord,
+    RawRecord,
+    dead_letter_record,
+    keyed_output_record,
+    keyed_stale_record,
+    parse_keyed,
+    partition_key,
+)
+from streams.engine.store import OFFSET_KEY, Revision
+
+SEEN = "seen"
+MARKS = "marks"
+LEGACY_UNTIL_KEY = b"\x00legacy-keys-until"
+"""In `marks`: until when this partition also reads the keys written before scopes (module
+docstring). Starts with NUL, as no instance name does; it never expires (it is no mark)."""
+MARKS_SWEEP_SCAN = 50_000
+"""Marks a sweep reads per partition (the next sweep resumes there): the table holds every
+live key, and the sweep holds the emit stage up while it reads, 1.5-4 us a mark (BENCHMARKS.md,
+"Marks: bounded state"). Decisions do not wait for it (a mark past its grace counts as none),
+only the space does: a partition of 2.5M keys is read through every 50 sweeps."""
+DELETED_MARKER = b"deleted"
+"""In every stored mark of a deleted key (its `type`): marks without it are skipped unparsed."""
+KNOWN_SOURCES = frozenset(SOURCES)
+UNPREFIXED_ID_PROVIDERS = frozenset({"eventbridge", "azure", "b2", "box", "cloudinary"})
+"""Providers whose event ids are their own (not `<provider>:...`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedInput:
+    """One record read from the repartition topic."""
+
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes
+    headers: Mapping[str, bytes] = field(default_factory=dict)
+    offset: int = -1
+
+
+class StateReader(Protocol):
+    """Read access to the co-partitioned state tables."""
+
+    def get(self, table: str, partition: int, key: bytes) -> bytes | None: ...
+
+
+class PendingState:
+    """State as plans not applied yet will leave it: their writes, newest first, then `state`.
+
+    Lets the next batch of a partition be planned while the previous one is still being
+    written to Kafka."""
+
+    def __init__(self, state: StateReader, pending: Sequence[EmitPlan]) -> None:
+        self.state = state
+        self.writes = [plan.writes for plan in reversed(pending)]
+
+    def get(self, table: str, partition: int, key: bytes) -> bytes | None:
+        for writes in self.writes:
+            items = writes.get((table, partition))
+            if items is not None and key in items:
+                return items[key]
+        return self.state.get(table, partition, key)
+
+
+@dataclass(slots=True)
+class EmitPlan:
+    outputs: list[OutRecord] = field(default_factory=list)
+    writes: dict[tuple[str, int], dict[bytes, bytes]] = field(default_factory=dict)
+    """(table, partition) -> key -> value, to record after the outputs are acknowledged."""
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    """(instance, emitted|duplicate|stale|dead_letter) -> count"""
+    received_at: list[tuple[str, bytes]] = field(default_factory=list)
+    """(instance, received-at header) of every emitted event, for latency metrics."""
+
+    def write(self, table: str, partition: int, key: bytes, value: bytes) -> None:
+        self.writes.setdefault((table, partition), {})[key] = value
+
+
+def seen_key(instance: str, event_id: str, scope: str | None = None) -> bytes:
+    """The dedupe key of an id in `scope`; without a scope, the key of a provider's own
+    derived id in its own scope, which is also the key before scopes (module docstring)."""
+    if scope is None:
+        return f"{instance}/{event_id}".encode()
+    return f"{instance}|{scope}|{event_id}".encode()
+
+
+def own_id(event_id: str, provider: str, scope: str) -> bool:
+    """Whether `event_id` is `provider`'s derived id in the provider's own scope."""
+    return (
+        scope == provider
+        and event_id.startswith(provider)
+        and event_id[len(provider) : len(provider) + 1] == ":"
+    )
+
+
+def mark_key(instance: str, event: KeyedEvent | FileEvent, scope: str | None = None) -> bytes:
+    """Ordering state is per object and scope: (instance, scope, bucket, key). Without a
+    scope: the key before scopes, (instance, bucket, key) like the repartition key."""
+    if scope is None:
+        return partition_key(instance, event.bucket, event.key)
+    return f"{instance}|{scope}|{event.bucket or ''}/{event.key}".encode()
+
+
+def instance_scope(event: KeyedEvent, instance: InstanceConfig) -> str:
+    """`streams.core.ordering.scope`, except that a `reconcile` event takes the scope of the
+    instance's one source: it is a listing of that provider's bucket, ordered by time
+    against the provider's own notifications."""
+    if event.provider == "reconcile":
+        return instance.reconciled_source or scope(event)
+    return scope(event)
+
+
+def scoped_seen_key(instance: str, event: KeyedEvent, scope: str) -> tuple[bytes, bool]:
+    """The dedupe key of `event` in `scope`, and whether its id is the provider's own (whose
+    key is the one before scopes: module docstring)."""
+    own = own_id(event.id, event.provider, scope)
+    return seen_key(instance, event.id, None if own else scope), own
+
+
+def dedupe_key(event: KeyedEvent, instance: InstanceConfig) -> bytes:
+    """The `seen` key `plan_batch` records for `event` in `instance`."""
+    return scoped_seen_key(instance.name, event, instance_scope(event, instance))[0]
+
+
+def legacy_id_readable(event_id: str, provider: str) -> bool:
+    """Whether the pre-scope key of `event_id` may stand in for a scoped miss: not for an id
+    `<p>:...` of another source `p`, whose old-form key `p` still writes."""
+    head, colon, _ = event_id.partition(":")
+    return not colon or head == provider or head not in KNOWN_SOURCES
+
+
+def legacy_mark_applies(legacy: Mark, mark: Mark, provider: str, scope: str) -> bool:
+    """Whether a mark written before scopes orders an event of `provider` in `scope` whose
+    own mark is `mark`: same provider (by the id's prefix, else by the token kind), same kind."""
+    if legacy.kind != mark.kind:
+        return False
+    owners = {provider, scope.partition("@")[0]}
+    head, colon, _ = legacy.event_id.partition(":")
+    if colon and head in KNOWN_SOURCES:
+        return head in owners
+    if legacy.kind is None:
+        return not owners.isdisjoint(UNPREFIXED_ID_PROVIDERS)
+    # Unprefixed with a token: S3, MinIO and GCS ids are always prefixed.
+    issuers = TOKEN_KINDS[legacy.kind] & UNPREFIXED_ID_PROVIDERS
+    return not owners.isdisjoint(issuers)
+
+
+def deleted_mark_grace(settings: Settings, instance_name: str) -> float:
+    """How long a deleted key's mark is kept: `stream.deleted_mark_grace_s`, else the
+    instance's dedupe TTL (else, for an instance no longer configured, the longest)."""
+    if settings.stream.deleted_mark_grace_s is not None:
+        return settings.stream.deleted_mark_grace_s
+    for instance in settings.instances:
+        if instance.name == instance_name:
+            return instance.dedupe_ttl
+    return max(instance.dedupe_ttl for instance in settings.instances)
+
+
+def mark_instance(key: bytes) -> str:
+    """The instance of a `marks` key of either form (`<instance>|...`, `<instance>/...`):
+    instance names hold neither `|` nor `/`."""
+    text = key.decode("utf-8", "replace")
+    return text.split("|", 1)[0].split("/", 1)[0]
+
+
+def mark_forget_at(stored: bytes) -> float | None:
+    """When a stored mark is forgotten, None if never (a live key's, or not stamped yet): the
+    restore's expiry reader for `marks`."""
+    if DELETED_MARKER not in stored:
+        return None
+    mark = _read_mark(stored)
+    return mark.forget_at if mark is not None and mark.type == "deleted" else None
+
+
+def mark_revision(
+    key: bytes, stored: bytes, now: float, grace_of: Callable[[bytes], float]
+) -> Revision | None:
+    """What the sweep does to one `marks` entry: None (keep it); delete a deleted key's mark
+    past its `forget_at`; stamp one written before marks expired (no `forget_at`) with
+    `now` + its grace (`grace_of(key)`), so that it goes a grace later."""
+    if key == LEGACY_UNTIL_KEY or DELETED_MARKER not in stored:
+        return None
+    mark = _read_mark(stored)
+    if mark is None or mark.type != "deleted":
+        return None
+    if mark.forget_at is None:
+        return Revision(_mark_bytes(with_grace(mark, now, grace_of(key))))
+    return Revision(None) if forgotten(mark, now) else None
+
+
+def encode_expiry(expires_at: float) -> bytes:
+    return f"{expires_at:.3f}".encode()
+
+
+def decode_expiry(value: bytes | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def plan_batch(
+    inputs: Sequence[KeyedInput], settings: Settings, state: StateReader, now: float
+) -> EmitPlan:
+    """Decide every event of a batch; `now` (epoch seconds) ages dedupe entries, bounds the
+    event times recorded in marks and closes the window of pre-scope keys."""
+    plan = EmitPlan()
+    pending: dict[tuple[str, int, bytes], bytes] = {}
+    instances = {instance.name: instance for instance in settings.instances}
+    latest = now + settings.stream.max_clock_skew_s
+    legacy_until: dict[int, float] = {}
+    graces = {name: deleted_mark_grace(settings, name) for name in instances}
+
+    def lookup(table: str, partition: int, key: bytes) -> bytes | None:
+        found = pending.get((table, partition, key))
+        return found if found is not None else state.get(table, partition, key)
+
+    def record(table: str, partition: int, key: bytes, value: bytes) -> None:
+        pending[(table, partition, key)] = value
+        plan.write(table, partition, key, value)
+
+    def legacy_open(partition: int) -> bool:
+        """Whether `partition` still reads pre-scope keys; decided (and recorded) once."""
+        until = legacy_until.get(partition)
+        if until is None:
+            stored = lookup(MARKS, partition, LEGACY_UNTIL_KEY)
+            if stored is not None:
+                until = decode_expiry(stored) or 0.0
+            else:
+                had_state = any(
+                    state.get(table, partition, OFFSET_KEY) is not None for table in (SEEN, MARKS)
+                )
+                longest = max(instance.dedupe_ttl for instance in settings.instances)
+                until = now + longest if had_state else now
+                record(MARKS, partition, LEGACY_UNTIL_KEY, encode_expiry(until))
+            legacy_until[partition] = until
+        return now < until
+
+    for item in inputs:
+        instance_name = "?"
+        try:
+            event = parse_keyed(item.value, item.headers)
+            instance_name = event.instance
+            instance = instances[instance_name]
+        except (ValueError, KeyError) as exc:
+            reason = f"unreadable keyed record: {exc}"
+            if isinstance(exc, KeyError):
+                reason = f"instance {exc} is no longer configured"
+            raw = RawRecord(item.topic, item.value, item.headers)
+            plan.outputs.append(
+                dead_letter_record(settings.stream.dead_letter_topic, raw, item.key, reason, "emit")
+            )
+            plan.outcomes[(instance_name, "dead_letter")] += 1
+            continue
+
+        partition = item.partition
+        event_scope = instance_scope(event, instance)
+        id_key, own = scoped_seen_key(instance.name, event, event_scope)
+        stored = lookup(SEEN, partition, id_key)
+        if (
+            stored is None
+            and not own
+            and legacy_open(partition)
+            and legacy_id_readable(event.id, event.provider)
+        ):
+            stored = state.get(SEEN, partition, seen_key(instance.name, event.id))
+        expires_at = decode_expiry(stored)
+        if expires_at is not None and expires_at > now:
+            plan.outcomes[(instance.name, "duplicate")] += 1
+            continue
+        record(SEEN, partition, id_key, encode_expiry(now + instance.dedupe_ttl))
+
+        mark = mark_for(event)
+        key_key = mark_key(instance.name, event, event_scope)
+        stored = lookup(MARKS, partition, key_key)
+        last: Mark | None = None
+        if stored is not None:
+            last = _read_mark(stored)
+        elif legacy_open(partition):
+            legacy = _read_mark(state.get(MARKS, partition, mark_key(instance.name, event)))
+            if legacy is not None and legacy_mark_applies(
+                legacy, mark, event.provider, event_scope
+            ):
+                last = legacy
+        if forgotten(last, now):
+            last = None  # a deleted key past its grace: as if never seen
+        last = bounded_mark(last, latest)
+        stale_because = stale_reason(mark, event, last)
+        if stale_because is not None:
+            plan.outputs.append(
+                keyed_stale_record(instance.stale_output_topic, event, stale_because)
+            )
+            plan.outcomes[(instance.name, "stale")] += 1
+            continue
+        if not _version_only(event):
+            recorded = with_grace(recorded_mark(mark, last, latest), now, graces[instance.name])
+            record(MARKS, partition, key_key, _mark_bytes(recorded))
+        plan.outputs.append(keyed_output_record(instance.output_topic, event))
+        plan.outcomes[(instance.name, "emitted")] += 1
+        received_at = item.headers.get("received-at")
+        if received_at:
+            plan.received_at.append((instance.name, received_at))
+    return plan
+
+
+def _read_mark(stored: bytes | None) -> Mark | None:
+    """The stored mark; an unreadable one counts as none (unknown order passes)."""
+    if stored is None:
+        return None
+    try:
+        data = _loads(stored)
+        return Mark.from_json(data) if isinstance(data, dict) else None
+    except (ValueError, TypeError):
+        return None
+
+
+def _mark_bytes(mark: Mark) -> bytes:
+    try:
+        return orjson.dumps(mark.to_json())
+    except TypeError:  # orjson stops at 64-bit integers; a GCS token may be longer
+        return json.dumps(mark.to_json()).encode()
+
+
+def _loads(stored: bytes) -> object:
+    try:
+        return orjson.loads(stored)
+    except orjson.JSONDecodeError:
+        return json.loads(stored)  # integers past 64 bits, which only json reads
+
+
+def _version_only(event: KeyedEvent) -> bool:
+    return event.type == "deleted" and event.version_only is True

@@ -1,0 +1,322 @@
+"""The Kafka records the stream reads and writes, as plain data (no I/O here).
+
+* Raw record (bridges -> `files.raw`): value = the provider's bytes exactly as delivered;
+  headers `source`, optional `transport`, `delivery-id`, `received-at`,
+  `header.<lower-case http header>`, `attribute.<pub/sub attribute>`; key free.
+* Keyed record (normalize -> repartition topic): key = `<instance>/<bucket>/<key>` so every copy
+  of one change and every change of one key land on one partition; value = the canonical
+  event as JSON, byte for byte what the output record will carry (stage two reads the few
+  fields it decides on and passes the bytes through); headers `instance`, `received-at`.
+  (Records of the first format, value `{"instance": ..., "event": {...}}`, are still read.)
+* Output record (-> `files.events.<instance>`): key = the caller-facing key, value = the
+  canonical event as JSON, CloudEvents 1.0 binary-mode headers, `ce_dataschema` naming the
+  event's JSON Schema (streams.core.schema).
+* Stale record (-> `files.stale.<instance>`): the event, plus `stale.reason` headers.
+* Dead-letter record (-> `files.dead-letter`): original bytes and headers, plus `error`
+  and `error.stage`.
+
+Sizes: `record_bytes` bounds what one record takes in a record batch of its own, the unit
+Kafka's `max.message.bytes` limits; `event_record_bytes` the largest record one event
+becomes on its way (keyed, output, stale), so stage one can refuse an event before any of its
+records is written (streams.engine.topics holds the limits).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, get_args
+
+import orjson
+
+from streams.core.delivery import Delivery
+from streams.core.event import EventType, FileEvent, format_time
+from streams.core.schema import FILE_EVENT_SCHEMA_URI
+
+Headers = tuple[tuple[str, bytes], ...]
+
+CE_SPECVERSION = "1.0"
+CE_SPECVERSION_BYTES = CE_SPECVERSION.encode()
+CE_TYPE_PREFIX = "storage.object."
+CE_DATASCHEMA_BYTES = FILE_EVENT_SCHEMA_URI.encode()
+"""`ce_dataschema`: the versioned JSON Schema of the value (streams.core.schema); one constant."""
+EVENT_TYPES = frozenset(get_args(EventType))
+HEADER_PREFIX = "header."
+ATTRIBUTE_PREFIX = "attribute."
+
+
+@dataclass(frozen=True, slots=True)
+class OutRecord:
+    """One record to produce."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: Headers = ()
+    partition: int | None = None
+    """Set only where the partition is dictated (changelog records); else by key."""
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """One record read from a raw topic."""
+
+    topic: str
+    value: bytes
+    headers: Mapping[str, bytes] = field(default_factory=dict)
+
+
+def header_text(headers: Mapping[str, bytes], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    return value.decode("utf-8", errors="replace")
+
+
+def delivery_from_raw(record: RawRecord, default_source: str | None) -> Delivery:
+    """The Delivery a raw record carries; `source` header wins over the topic's default."""
+    source = header_text(record.headers, "source") or default_source or ""
+    headers: dict[str, str] = {}
+    attributes: dict[str, str] = {}
+    for name, value in record.headers.items():
+        text = value.decode("utf-8", errors="replace") if value is not None else ""
+        if name.startswith(HEADER_PREFIX):
+            headers[name[len(HEADER_PREFIX) :].lower()] = text
+        elif name.startswith(ATTRIBUTE_PREFIX):
+            attributes[name[len(ATTRIBUTE_PREFIX) :]] = text
+    return Delivery(source=source, body=record.value, headers=headers, attributes=attributes)
+
+
+def partition_key(instance: str, bucket: str | None, key: str) -> bytes:
+    """The repartition key: one partition per (instance, bucket, object key).
+
+    The bucket is part of it because an instance may take every bucket, where one key can
+    name two different objects. Bucket names cannot hold a `/`.
+    """
+    return f"{instance}/{bucket or ''}/{key}".encode()
+
+
+INSTANCE_HEADER = "instance"
+RECEIVED_AT_HEADER = "received-at"
+
+
+def keyed_record(
+    topic: str, instance: str, event: FileEvent, received_at: bytes | None
+) -> OutRecord:
+    headers: Headers = ((INSTANCE_HEADER, instance.encode()),)
+    if received_at:
+        headers += ((RECEIVED_AT_HEADER, received_at),)
+    return OutRecord(
+        topic, partition_key(instance, event.bucket, event.key), event_json(event), headers
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedEvent:
+    """A keyed record read back by stage two: the fields dedupe, ordering and the output
+    headers need, and the event's JSON to pass through unchanged."""
+
+    instance: str
+    id: str
+    type: str
+    key: str
+    bucket: str | None
+    provider: str
+    sequencer: str | None
+    time: datetime | None
+    time_text: str | None
+    version_only: bool | None
+    raw: Mapping[str, Any] | None
+    value: bytes
+
+
+def parse_keyed(value: bytes, headers: Mapping[str, bytes]) -> KeyedEvent:
+    """Inverse of keyed_record. Raises ValueError on anything else.
+
+    Trusts the event JSON as stage one wrote it (no model validation per event) but checks
+    every field it uses, so a foreign record is dead-lettered rather than misread."""
+    data = orjson.loads(value)
+    instance_header = headers.get(INSTANCE_HEADER)
+    if instance_header is not None:
+        instance = instance_header.decode()
+    else:  # the first keyed format
+        if not isinstance(data, dict) or not isinstance(data.get("instance"), str):
+            raise ValueError("keyed record has no instance")
+        instance = data["instance"]
+        event = FileEvent.model_validate(data.get("event"))
+        data, value = event.model_dump(mode="json"), event_json(event)
+    if not isinstance(data, dict):
+        raise ValueError("keyed record is not a JSON object")
+    event_id, kind, key, provider = (data.get(name) for name in ("id", "type", "key", "provider"))
+    if not (isinstance(event_id, str) and isinstance(key, str) and isinstance(provider, str)):
+        raise ValueError("keyed event lacks a string id, key or provider")
+    if not isinstance(kind, str) or kind not in EVENT_TYPES:
+        raise ValueError(f"keyed event has type {kind!r}")
+    bucket, sequencer, time_text, version_only, raw = (
+        data.get(name) for name in ("bucket", "sequencer", "time", "version_only", "raw")
+    )
+    if not (bucket is None or isinstance(bucket, str)) or not (
+        sequencer is None or isinstance(sequencer, str)
+    ):
+        raise ValueError("keyed event's bucket or sequencer is not a string")
+    if not (version_only is None or isinstance(version_only, bool)):
+        raise ValueError("keyed event's version_only is not a boolean")
+    time: datetime | None = None
+    if time_text is not None:
+        if not isinstance(time_text, str):
+            raise ValueError("keyed event's time is not a string")
+        time = datetime.fromisoformat(time_text)
+        if time.tzinfo is None:
+            raise ValueError("keyed event's time has no timezone")
+    return KeyedEvent(
+        instance=instance,
+        id=event_id,
+        type=kind,
+        key=key,
+        bucket=bucket,
+        provider=provider,
+        sequencer=sequencer,
+        time=time,
+        time_text=time_text,
+        version_only=version_only,
+        raw=raw if isinstance(raw, dict) else None,
+        value=value,
+    )
+
+
+def event_json(event: FileEvent) -> bytes:
+    return event.model_dump_json().encode()
+
+
+def cloudevent_headers(
+    instance: str, event_id: str, kind: str, provider: str, key: str, time_text: str | None
+) -> Headers:
+    """CloudEvents 1.0 Kafka protocol binding, binary mode."""
+    headers: Headers = (
+        ("ce_specversion", CE_SPECVERSION_BYTES),
+        ("ce_id", event_id.encode()),
+        ("ce_type", f"{CE_TYPE_PREFIX}{kind}".encode()),
+        ("ce_source", f"/storage-events/{instance}/{provider}".encode()),
+        ("ce_subject", key.encode()),
+        ("ce_dataschema", CE_DATASCHEMA_BYTES),
+        ("content-type", b"application/json"),
+    )
+    if time_text is not None:
+        headers += (("ce_time", time_text.encode()),)
+    return headers
+
+
+def _event_headers(event: FileEvent, instance: str) -> Headers:
+    time_text = format_time(event.time) if event.time is not None else None
+    return cloudevent_headers(instance, event.id, event.type, event.provider, event.key, time_text)
+
+
+def _keyed_headers(event: KeyedEvent) -> Headers:
+    return cloudevent_headers(
+        event.instance, event.id, event.type, event.provider, event.key, event.time_text
+    )
+
+
+def output_record(topic: str, instance: str, event: FileEvent) -> OutRecord:
+    return OutRecord(topic, event.key.encode(), event_json(event), _event_headers(event, instance))
+
+
+def stale_record(topic: str, instance: str, event: FileEvent, reason: str) -> OutRecord:
+    headers = (*_event_headers(event, instance), ("stale.reason", reason.encode()))
+    return OutRecord(topic, event.key.encode(), event_json(event), headers)
+
+
+def keyed_output_record(topic: str, event: KeyedEvent) -> OutRecord:
+    """The output record of a keyed event: its JSON as stage one wrote it."""
+    return OutRecord(topic, event.key.encode(), event.value, _keyed_headers(event))
+
+
+def keyed_stale_record(topic: str, event: KeyedEvent, reason: str) -> OutRecord:
+    headers = (*_keyed_headers(event), ("stale.reason", reason.encode()))
+    return OutRecord(topic, event.key.encode(), event.value, headers)
+
+
+BATCH_HEADER_BYTES = 61
+"""A v2 record batch's header: base offset to record count."""
+RECORD_FRAMING_BYTES = 5 + 1 + 10 + 5 + 5 + 5 + 5
+"""A record's own fields at their longest: length, attributes, timestamp delta, offset delta,
+key length, value length, header count (varints)."""
+HEADER_FRAMING_BYTES = 5 + 5
+"""A header's name and value lengths (varints)."""
+STALE_REASON_BYTES = 4096
+"""Room for a stale record's `stale.reason` header: the event's sequencer and the id of the
+event that made it stale, each bounded (streams.core.normalizers.MAX_TOKEN_BYTES, MAX_ID_BYTES),
+and a sentence."""
+
+
+def record_bytes(
+    key: bytes | None, value: bytes | None, headers: Iterable[tuple[str, bytes]]
+) -> int:
+    """At least the size of a record batch (uncompressed) holding only this record."""
+    size = BATCH_HEADER_BYTES + RECORD_FRAMING_BYTES + len(key or b"") + len(value or b"")
+    for name, header_value in headers:
+        size += HEADER_FRAMING_BYTES + len(name.encode()) + len(header_value or b"")
+    return size
+
+
+def out_record_bytes(record: OutRecord) -> int:
+    return record_bytes(record.key, record.value, record.headers)
+
+
+def event_record_bytes(instance: str, event: FileEvent, keyed: OutRecord) -> int:
+    """The largest record `event` becomes: its keyed record, or its output or stale record
+    (the key twice, as Kafka key and `ce_subject`, the id as `ce_id`, and a stale reason),
+    which carry the keyed record's value unchanged. Counted without building them (it runs
+    for every event): the CloudEvents headers' fixed part is measured once."""
+    key_bytes = len(event.key.encode())
+    output = (
+        BATCH_HEADER_BYTES
+        + RECORD_FRAMING_BYTES
+        + 2 * key_bytes
+        + len(keyed.value or b"")
+        + len(event.id.encode())
+        + len(instance.encode())
+        + len(event.provider.encode())
+        + _CE_FIXED_BYTES
+    )
+    stale = output + HEADER_FRAMING_BYTES + len("stale.reason") + STALE_REASON_BYTES
+    return max(out_record_bytes(keyed), stale)
+
+
+_CE_FIXED_BYTES = sum(
+    HEADER_FRAMING_BYTES + len(name.encode()) + len(value)
+    for name, value in cloudevent_headers("", "", "deleted", "", "", "0000-12-31T23:59:59.999999Z")
+)
+"""The CloudEvents headers without the instance, provider, id and key: their names, the
+longest type and the longest RFC 3339 time."""
+
+
+def dead_letter_record(
+    topic: str, record: RawRecord, key: bytes | None, error: str, stage: str
+) -> OutRecord:
+    """The original bytes and headers, plus why and where it failed."""
+    headers: list[tuple[str, bytes]] = [
+        (name, value) for name, value in record.headers.items() if value is not None
+    ]
+    headers += [
+        ("error", error.encode("utf-8", errors="replace")[:4096]),
+        ("error.stage", stage.encode()),
+        ("error.topic", record.topic.encode()),
+    ]
+    return OutRecord(topic, key, record.value, tuple(headers))
+
+
+def headers_dict(
+    headers: Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None,
+) -> dict[str, bytes]:
+    """Kafka headers as a dict (the last value wins for a repeated name)."""
+    if headers is None:
+        return {}
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return {name: value for name, value in items}
+
+
+def json_line(data: Any) -> str:
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))

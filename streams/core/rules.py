@@ -1,0 +1,152 @@
+r"""The per-instance rules: which events an instance keeps, and how their keys look to it.
+
+Pure functions. A kept event comes back with its key relative to the instance prefix; a
+dropped one comes back as a `Filtered` with the reason (every drop is counted upstream).
+The checks, in order, each with its `Filtered` reason:
+
+* `source`: an instance with `sources` keeps only events of those providers (the event's
+  `provider`, which is the source the bridge authenticated). Bucket names are chosen by
+  whoever writes the delivery, and Box and Cloudinary deliveries name no bucket, so without
+  `sources` every authenticated source can write into every instance; with it, a credential of
+  another provider cannot. `reconcile` (synthetic deliveries that `python -m connectors
+  reconcile` writes to the raw topic directly, with the operator's Kafka credentials rather
+  than a bridge's) is always kept.
+* `bucket`: an instance keeps its own bucket, or every bucket (no bucket, or `"*"`);
+  deliveries that name no bucket always pass.
+* `prefix`: matched on a path boundary (`users` never matches `users-archive/x`), then
+  stripped.
+* `prefix-escape`: the key relative to the prefix is handed to consumers, who join it to a
+  root of theirs (a download call of a client rooted at the prefix, a local directory). A
+  key whose dot segments climb above that root, or come back to the root itself, in any
+  reading a consumer or SDK might apply (as is; `\` as a separator; percent-decoded, as often
+  as decoding changes it; each of these combined), addresses something outside the prefix:
+  `tenant-a/../tenant-b/x`, `tenant-a/..%2Ftenant-b/x`, `tenant-a/%2e%2e/tenant-b/x`,
+  `tenant-a/x\..\..\tenant-b\y`, `tenant-a/.`. Such an event is not the instance's: dropped
+  and counted. Dot segments that stay inside (`tenant-a/x/../y`, `tenant-a/./y`) are kept
+  verbatim, and so is every key for an instance without a prefix: there is no root to climb
+  out of, and the key is a real key of the bucket.
+* Plugins translate what the instance's writer stores:
+  `versioning` (`.versions`) and `softDelete` (`.trash`): their internal prefixes dropped;
+  `dedup` (`.dedup`): its blob store dropped, and size/etag cleared on empty or unsized
+  objects, which may be its pointers; `encryption`, `compression`: size cleared on every
+  event (the stored size is not the caller's size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from streams.config import InstanceConfig
+from streams.core.event import FileEvent
+
+ALWAYS_ACCEPTED_SOURCES = frozenset({"reconcile"})
+DROPPING_PLUGINS = ("dedup", "versioning", "softDelete")
+SIZE_CHANGING_PLUGINS = ("encryption", "compression")
+
+
+@dataclass(frozen=True, slots=True)
+class Filtered:
+    """Why an instance does not keep an event: `source`, `bucket`, `prefix`,
+    `prefix-escape` or `plugin:<name>`."""
+
+    reason: str
+
+
+def under_prefix(key: str, prefix: str) -> str | None:
+    """The key relative to `prefix` if it lies under it on a path boundary, else None."""
+    if not prefix:
+        return key
+    head = prefix + "/"
+    if not key.startswith(head) or len(key) == len(head):
+        return None
+    return key[len(head) :]
+
+
+def _leaves_root(path: str) -> bool:
+    """True when `path`'s dot segments, resolved like a file path, go above its root at some
+    point or end on the root itself."""
+    depth = 0
+    for segment in path.split("/"):
+        if segment == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif segment and segment != ".":
+            depth += 1
+    return depth == 0
+
+
+def escapes_root(relative: str) -> bool:
+    """True when a consumer resolving `relative` under its root could leave that root (the
+    readings are in the module docstring)."""
+    if "." not in relative and "%" not in relative:
+        # No reading has a dot segment (the common case): only separators alone end on the root.
+        return not relative.strip("/\\")
+    reading = relative
+    while True:
+        if _leaves_root(reading) or ("\\" in reading and _leaves_root(reading.replace("\\", "/"))):
+            return True
+        if "%" not in reading:
+            return False
+        decoded = unquote(reading)  # every change shortens it, so this ends
+        if decoded == reading:
+            return False
+        reading = decoded
+
+
+def accepts_source(instance: InstanceConfig, provider: str) -> bool:
+    return (
+        instance.sources is None
+        or provider in instance.sources
+        or provider in ALWAYS_ACCEPTED_SOURCES
+    )
+
+
+def apply_instance(event: FileEvent, instance: InstanceConfig) -> FileEvent | Filtered:
+    """The event as `instance` sees it, or why the instance drops it."""
+    if instance.sources is not None and not accepts_source(instance, event.provider):
+        return Filtered("source")
+    if instance.bucket is not None and event.bucket is not None and event.bucket != instance.bucket:
+        return Filtered("bucket")
+    key = under_prefix(event.key, instance.prefix)
+    if key is None:
+        return Filtered("prefix")
+    if instance.prefix and escapes_root(key):
+        return Filtered("prefix-escape")
+    changes: dict[str, object] = {"key": key} if key != event.key else {}
+    if instance.plugins:
+        for name in DROPPING_PLUGINS:
+            plugin = instance.plugin(name)
+            # The plugin's prefix itself, its folder marker (`.versions/`) and everything below.
+            if (
+                plugin is not None
+                and plugin.prefix
+                and (key == plugin.prefix or key.startswith(plugin.prefix + "/"))
+            ):
+                return Filtered(f"plugin:{name}")
+        if instance.plugin("dedup") is not None and not event.size:
+            changes.update(size=None, etag=None)
+        if any(instance.plugin(name) is not None for name in SIZE_CHANGING_PLUGINS):
+            changes["size"] = None
+    # Most instances change nothing: the event itself (frozen) serves, without a copy.
+    return event.model_copy(update=changes) if changes else event
+
+
+BUCKETLESS_SOURCES = ("box", "cloudinary")
+"""Sources whose deliveries name no bucket: they pass every bucket filter."""
+
+
+def open_instances_warning(instances: Sequence[InstanceConfig]) -> str | None:
+    """One start-up line naming the instances bound to a bucket that accept every source, or
+    None. Said once per start: it is a configuration choice, not an event."""
+    names = [i.name for i in instances if i.bucket is not None and i.sources is None]
+    if not names:
+        return None
+    return (
+        f"instance(s) {', '.join(names)} take one bucket but set no `sources`: every "
+        "authenticated source can write into them by naming that bucket, and "
+        f"{' and '.join(BUCKETLESS_SOURCES)} deliveries (which name no bucket) pass the "
+        'bucket filter; list the sources each accepts, e.g. sources = ["s3"]'
+    )

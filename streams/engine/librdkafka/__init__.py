@@ -1,0 +1,65 @@
+"""The librdkafka engine (`stream.engine = "librdkafka"`): the Kafka-facing shell of the stages.
+
+The stages' decisions (normalize, route, plan, order) stay where they are and are called
+exactly as the aiokafka engine calls them (streams.worker.Pipeline's batch handlers); this
+package only moves records between Kafka and those handlers:
+
+* `consumer.RdBatchLoop`: a stage's group member (confluent_kafka.Consumer, KIP-848 or
+  classic cooperative-sticky), incremental assignments, batches handed to the event loop;
+* `producer.RdRecordSender`: the idempotent producer (normalize, at_least_once emit, sweep);
+* `transactions.MemberTransactions`: exactly-once v2 (KIP-447), one transactional producer
+  per emit member, offsets sent with the consumer's group metadata.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from streams.logs import EVERY_S
+
+LIBRDKAFKA_LOGGER = "streams.engine.librdkafka"
+MAX_LINES = 1000
+"""Distinct lines remembered for the repeat filter."""
+
+
+class _LineRepeatFilter(logging.Filter):
+    """streams.logs.RepeatFilter's policy by the whole line: confluent-kafka logs every
+    librdkafka line through one template (`"%s [%s] %s"`), so the template says nothing; and
+    librdkafka logs from several threads at once (hence the lock)."""
+
+    def __init__(self, every_s: float = EVERY_S) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._seen: dict[str, tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # a malformed record is not ours to fix
+            return True
+        now = time.monotonic()
+        with self._lock:
+            passed_at, dropped = self._seen.get(text, (-self.every_s, 0))
+            if now - passed_at < self.every_s:
+                self._seen[text] = (passed_at, dropped + 1)
+                return False
+            if len(self._seen) >= MAX_LINES:  # lines with timings in them never repeat
+                self._seen.clear()
+            self._seen[text] = (now, 0)
+        if dropped:
+            text = f"{text} (and {dropped} more like it in {now - passed_at:.0f} s)"
+        record.msg, record.args = text, None
+        return True
+
+
+def librdkafka_log() -> logging.Logger:
+    """The logger every librdkafka client of the engine logs to (its `logger` property): one
+    line per cause every few seconds while Kafka is away (streams.logs.RepeatFilter), not
+    one per reconnect of every client."""
+    logger = logging.getLogger(LIBRDKAFKA_LOGGER)
+    if not any(isinstance(existing, _LineRepeatFilter) for existing in logger.filters):
+        logger.addFilter(_LineRepeatFilter())
+    return logger

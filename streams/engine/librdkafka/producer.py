@@ -1,0 +1,355 @@
+"""The librdkafka engine's idempotent producer: `send_all` as
+streams.engine.aio.producer.RecordSender's.
+
+`produce` is called on the event loop (it only queues, in C); a dedicated thread serves the
+producer's delivery reports (`poll`) and resolves one asyncio future per `send_all` round
+once every record of it has a report. So the loop never blocks on Kafka, and no thread hop
+is paid per record, only per round.
+
+librdkafka retries what Kafka may take later (a broker away, a leader moving, with
+idempotence and in order) by itself, up to `message.timeout.ms`; a record still without
+acknowledgement then is sent again here, with those after it in its partition, after a
+growing pause, until Kafka takes it: a transient failure holds the stream back, it never
+becomes a drop. A record Kafka refuses for what it is (REFUSALS: too large for its topic) is
+never sent again: when several records of one partition were refused together (one message
+set), they are sent again one at a time to tell which, and each refused one is replaced by
+what the caller's `Replace` makes of it (streams.engine.outcomes.DeadLetters by default).
+
+Partitions are librdkafka's `murmur2_random`: the Java client's murmur2 for a key (as
+streams.core.partitioning.partition_for), spread for records without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import errors as aiokafka_errors
+from aiokafka.errors import KafkaConnectionError as FailpointError
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from streams import metrics
+from streams.core.records import OutRecord
+from streams.engine import failpoints
+from streams.engine.librdkafka import librdkafka_log
+from streams.engine.outcomes import (
+    MAX_BACKOFF_S,
+    MAX_BATCH_BYTES,
+    Acknowledged,
+    DeadLetters,
+    Refused,
+    Replace,
+    Sent,
+    refusal_reason,
+)
+from streams.engine.topics import DEAD_LETTER_MAX_MESSAGE_BYTES
+from streams.kafka_settings import KafkaSettings
+from streams.progress import Progress
+
+log = logging.getLogger(__name__)
+
+PRODUCER_CONFIG: dict[str, Any] = {
+    "acks": "all",
+    "enable.idempotence": True,
+    "linger.ms": 5,
+    "batch.size": MAX_BATCH_BYTES,
+    "message.max.bytes": DEAD_LETTER_MAX_MESSAGE_BYTES,  # dead letters carry whole deliveries
+    "partitioner": "murmur2_random",  # the Java client's, as streams.core.partitioning
+    "request.timeout.ms": 30_000,
+    "message.timeout.ms": 30_000,
+    "queue.buffering.max.messages": 1_000_000,
+    "queue.buffering.max.kbytes": 1024 * 1024,
+}
+"""Every producer of the engine: the transactional ones add their `transactional.id`."""
+
+REFUSALS = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+        2,  # CORRUPT_MESSAGE (no constant in confluent-kafka)
+    }
+)
+"""Error codes Kafka answers for the records themselves: sending them again cannot succeed."""
+
+Report = tuple[KafkaError | None, int, int]
+"""One record's delivery report: its error (None: stored), partition and offset."""
+
+
+def producer_config(kafka: KafkaSettings, client_id: str, **extra: Any) -> dict[str, Any]:
+    """librdkafka properties of one of the engine's producers (the connection from
+    KafkaSettings.librdkafka_config: TLS, SASL)."""
+    return {
+        **kafka.librdkafka_config(),
+        **PRODUCER_CONFIG,
+        "client.id": client_id,
+        "logger": librdkafka_log(),
+        **extra,
+    }
+
+
+class Round:
+    """One batch of records handed to a producer: their delivery reports, in order, and a
+    future resolved (on its loop) once every record has one."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, count: int, tracked: int | None = None
+    ) -> None:
+        self.loop = loop
+        self.reports: list[Report | None] = [None] * count
+        self.remaining = count if tracked is None else tracked
+        """Reports still to come (of the records given a callback)."""
+        self.done: asyncio.Future[None] = loop.create_future()
+        if not self.remaining:
+            self.done.set_result(None)
+
+    def callback(self, index: int) -> Any:
+        def delivered(error: KafkaError | None, message: Message) -> None:
+            # The thread serving the producer's reports (or one flushing it).
+            self.reports[index] = (error, message.partition() or 0, message.offset() or 0)
+            self.remaining -= 1
+            if self.remaining == 0:
+                self.loop.call_soon_threadsafe(self._finish)
+
+        return delivered
+
+    def fail_rest(self, start: int, error: KafkaError) -> None:
+        """Records from `start` on were never queued (`produce` itself refused)."""
+        for index in range(start, len(self.reports)):
+            if self.reports[index] is None:
+                self.reports[index] = (error, -1, -1)
+                self.remaining -= 1
+        if self.remaining == 0:
+            self._finish()
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+async def produce_round(
+    producer: Producer, records: Sequence[OutRecord], only: set[int] | None = None
+) -> Round:
+    """Queue `records` in order (waiting while librdkafka's queue is full); their Round.
+    `only`: the indexes of the records that get a delivery report (default: all)."""
+    round_ = Round(asyncio.get_running_loop(), len(records), None if only is None else len(only))
+    for index, record in enumerate(records):
+        callback = round_.callback(index) if only is None or index in only else None
+        partition = -1 if record.partition is None else record.partition
+        headers: list[tuple[str, str | bytes | None]] | None = (
+            list(record.headers) if record.headers else None
+        )
+        while True:
+            try:
+                producer.produce(
+                    record.topic,
+                    record.value,
+                    record.key,
+                    partition,
+                    on_delivery=callback,
+                    headers=headers,
+                )
+                break
+            except BufferError:
+                await asyncio.sleep(0.005)  # the queue drains as Kafka acknowledges
+            except KafkaException as exc:  # refused before queueing (size, unknown topic)
+                round_.fail_rest(index, exc.args[0])
+                return round_
+    return round_
+
+
+def acknowledgements(
+    records: Sequence[OutRecord], reports: Iterable[Report | None]
+) -> list[Acknowledged]:
+    """Where the records Kafka stored went, per topic partition (its last offset exact)."""
+    places: dict[tuple[str, int], tuple[int, int]] = {}
+    for record, report in zip(records, reports, strict=True):
+        if report is None or report[0] is not None:
+            continue
+        place = (record.topic, report[1])
+        last, count = places.get(place, (-1, 0))
+        places[place] = (max(last, report[2]), count + 1)
+    return [
+        Acknowledged(topic, partition, last - count + 1, count)
+        for (topic, partition), (last, count) in places.items()
+    ]
+
+
+def refusal_error(error: KafkaError) -> BaseException:
+    """The refusal as the aiokafka engine words it (aiokafka's error class for the broker's
+    code, e.g. MessageSizeTooLargeError), so a dead letter's reason reads the same on both."""
+    cls = aiokafka_errors.for_code(error.code()) if error.code() > 0 else None
+    if cls is None or cls is aiokafka_errors.UnknownError:
+        return KafkaException(error)
+    refusal: BaseException = cls(error.str())
+    return refusal
+
+
+def is_refusal(error: KafkaError | None) -> bool:
+    return error is not None and error.code() in REFUSALS
+
+
+class ReportThread:
+    """Serves one producer's callbacks (delivery reports) until stopped."""
+
+    def __init__(self, producer: Producer, name: str) -> None:
+        self.producer = producer
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stopped.is_set():
+            self.producer.poll(0.05)
+
+    async def stop(self, flush_s: float = 10.0) -> None:
+        self._stopped.set()
+        await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self.producer.flush, flush_s)
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """Records of one send_all still without acknowledgement, in order."""
+
+    records: list[OutRecord]
+    single: list[OutRecord] = field(default_factory=list)
+    """Refused together with others: sent one at a time to tell which Kafka refuses."""
+
+
+class RdRecordSender:
+    """The engine's producer of output, stale, dead-letter, repartition and changelog records."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings | str,
+        client_id: str,
+        progress: Progress,
+        dead_letters: DeadLetters,
+    ) -> None:
+        self.kafka = KafkaSettings.of(kafka)
+        self.client_id = client_id
+        self.progress = progress
+        self.dead_letters = dead_letters
+        self._producer: Producer | None = None
+        self._reports: ReportThread | None = None
+
+    async def start(self) -> None:
+        """librdkafka connects in the background: nothing here waits for Kafka."""
+        self._producer = Producer(producer_config(self.kafka, self.client_id, error_cb=self._error))
+        self._reports = ReportThread(self._producer, f"{self.client_id}-reports")
+
+    def _error(self, error: KafkaError) -> None:
+        # librdkafka's own retries cover these; fatal ones end the producer (sends fail, and
+        # send_all replaces it).
+        log.log(logging.ERROR if error.fatal() else logging.DEBUG, "producer: %s", error)
+
+    async def stop(self) -> None:
+        if self._reports is not None:
+            await self._reports.stop()
+            self._reports = None
+        self._producer = None
+
+    async def _renew(self) -> None:
+        log.info("renewing the producer %s", self.client_id)
+        await self.stop()
+        await self.start()
+
+    async def send_all(
+        self, records: Sequence[OutRecord], stage: str, replace: Replace | None = None
+    ) -> Sent:
+        """Send every record; once all are acknowledged, say where each partition's went and
+        which records Kafka refused (and what was written instead)."""
+        sent = Sent()
+        if not records:
+            return sent
+        who = object()
+        waiting = _Waiting(list(records))
+        delay = 0.2
+        while waiting.records or waiting.single:
+            self.progress.check()
+            single = bool(waiting.single)
+            if single:  # one at a time: each is its own message set
+                batch = [waiting.single.pop(0)]
+            else:
+                batch, waiting.records = waiting.records, []
+            assert self._producer is not None
+            try:
+                failpoints.check_writable({record.topic for record in batch})
+            except FailpointError as exc:  # as if Kafka were away (streams.engine.failpoints)
+                if single:
+                    waiting.single.insert(0, batch[0])
+                else:
+                    waiting.records = batch + waiting.records
+                metrics.SEND_RETRIES.inc()
+                self.progress.trouble(
+                    stage,
+                    type(exc).__name__,
+                    f"Kafka did not acknowledge {len(batch)} of {len(records)} records ({exc}); "
+                    "sending them again",
+                    who,
+                )
+                await self.progress.pause(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
+                continue
+            round_ = await produce_round(self._producer, batch)
+            await self.progress.watch(stage, f"{len(batch)} records", round_.done, who)
+            sent.acknowledged.extend(acknowledgements(batch, round_.reports))
+            failed: list[OutRecord] = []
+            refused: list[tuple[OutRecord, KafkaError]] = []
+            error: KafkaError | None = None
+            fatal = False
+            for record, report in zip(batch, round_.reports, strict=True):
+                assert report is not None
+                if report[0] is None:
+                    continue
+                if is_refusal(report[0]):
+                    refused.append((record, report[0]))
+                else:
+                    failed.append(record)
+                    error = report[0]
+                    fatal = fatal or report[0].fatal()
+            if len(refused) == 1:  # alone, or alone in its partition: it is the one
+                self._refused(sent, waiting, *refused[0], replace)
+            else:
+                waiting.single.extend(record for record, _ in refused)
+            if failed:
+                # In their order, before anything not sent yet.
+                waiting.records = failed + waiting.records
+                metrics.SEND_RETRIES.inc()
+                self.progress.trouble(
+                    stage,
+                    error.name() if error is not None else "delivery",
+                    f"Kafka did not acknowledge {len(failed)} of {len(records)} records "
+                    f"({error}); sending them again",
+                    who,
+                )
+                if fatal:
+                    await self._renew()
+                await self.progress.pause(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
+        self.progress.recovered(stage, who)
+        return sent
+
+    def _refused(
+        self,
+        sent: Sent,
+        waiting: _Waiting,
+        record: OutRecord,
+        error: KafkaError,
+        replace: Replace | None,
+    ) -> None:
+        reason = refusal_reason(record, refusal_error(error))
+        if replace is None or record.topic == self.dead_letters.topic:
+            replace = self.dead_letters
+        replacement = replace(record, reason)
+        outcome = "dead-lettered" if replacement is not None else "dropped"
+        metrics.REFUSED.labels(record.topic, outcome).inc()
+        log.error("%s; %s", reason, outcome)
+        sent.refused.append(Refused(record, reason, replacement))
+        if replacement is not None:
+            waiting.records.append(replacement)

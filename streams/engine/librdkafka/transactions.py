@@ -1,0 +1,412 @@
+"""Exactly-once v2 (KIP-447) for the emit stage: one transactional producer per emit member.
+
+The aiokafka engine fences per input partition (a producer per partition, streams.
+transactions). Here one producer, `transactional.id = <app id>-emit-<member>` (the member is
+`stream.group_instance_id`, stable across a worker's restarts, so a restarted worker aborts
+the transaction its previous life left open), writes every partition's outputs and changelog
+records, and `send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())` ties
+each commit to the consumer's group generation: a worker whose partitions moved while it was
+away (frozen, partitioned) cannot commit for them any more, whatever its producer.
+
+Commits of several partitions' parts waiting at once go into one transaction (a transaction
+costs a few round trips to the coordinator whatever it carries). A failure of it:
+* Kafka away, a timeout: aborted and tried again (the same records), with a growing pause;
+* records Kafka refuses: aborted; a transaction of several parts is tried again part by
+  part, and a part's refused batch record by record, so that `RecordsRefused` names them
+  (the caller replaces them and commits again), as in streams.engine.aio.transactions;
+* fenced producer, stale group generation or member, lost partitions: these partitions
+  moved. Aborted (a fenced producer is replaced), every waiting commit fails with
+  `PartitionsMoved`, and so does each later one until the emit member has rewound its
+  partitions to their committed offsets (`resume`): their pending work is dropped and read
+  again, never a crash.
+Any other fatal producer error is raised (the worker stops, closing its consumers first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaConnectionError as FailpointError
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import TopicPartition as RdTopicPartition
+
+from streams import metrics
+from streams.core.records import OutRecord
+from streams.engine import failpoints
+from streams.engine.aio.transactions import RecordsRefused
+from streams.engine.librdkafka.producer import (
+    Round,
+    acknowledgements,
+    is_refusal,
+    produce_round,
+    producer_config,
+    refusal_error,
+)
+from streams.engine.outcomes import MAX_BACKOFF_S, Acknowledged, refusal_reason
+from streams.kafka_settings import KafkaSettings
+from streams.progress import Progress
+
+log = logging.getLogger(__name__)
+
+CALL_TIMEOUT_S = 30.0
+"""Per transactional call (init, offsets, commit, abort); a retriable timeout is tried again."""
+TRANSACTION_TIMEOUT_MS = 30_000
+"""`transaction.timeout.ms`: how long a transaction a vanished worker left open holds the
+read_committed readers of its partitions back, when no restart under its id aborts it."""
+
+MOVED = frozenset(
+    {
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.STALE_MEMBER_EPOCH,
+        KafkaError.FENCED_MEMBER_EPOCH,
+        KafkaError.UNKNOWN_PRODUCER_ID,
+    }
+)
+"""Errors that mean the group (or another producer under this id) moved on from this member."""
+
+
+class PartitionsMoved(Exception):
+    """The group moved on from this member's transaction: aborted, nothing of it is visible;
+    the partitions are read again from their committed offsets by whoever owns them now."""
+
+
+class _Refusal(Exception):
+    """Records Kafka refused in an (aborted) transaction: known ones, or a batch of several."""
+
+    def __init__(self, known: list[tuple[OutRecord, KafkaError]], several: bool) -> None:
+        super().__init__("refused")
+        self.known = known
+        self.several = several
+
+
+class _Moved(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class _Request:
+    """One partition's part: its records and the offsets to commit with them."""
+
+    partition: int
+    records: Sequence[OutRecord]
+    offsets: dict[TopicPartition, int]
+    done: asyncio.Future[list[Acknowledged]]
+    single: bool = False
+    """Send one record at a time: a batch of several of its records was refused."""
+    diagnose: bool = False
+    """A delivery report for every record: an attempt failed (was a record refused?).
+    Otherwise only the last record of each dictated partition (changelog) gets one: a
+    committed transaction has every record, and the state needs only where those end."""
+    rounds: list[Round] = field(default_factory=list)
+
+
+def _last_per_place(request: _Request) -> set[int]:
+    """Indexes of the last record of each dictated partition (the changelog's)."""
+    last: dict[tuple[str, int], int] = {}
+    for index, record in enumerate(request.records):
+        if record.partition is not None:
+            last[(record.topic, record.partition)] = index
+    return set(last.values())
+
+
+def error_of(exc: BaseException) -> KafkaError | None:
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+class MemberTransactions:
+    """The emit member's transactional producer, as
+    streams.engine.aio.transactions.PartitionTransactions
+    is used: `prepare`, `commit(partition, records, offsets)`, `stop`."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings | str,
+        app_id: str,
+        member: str,
+        group_metadata: Callable[[], Any],
+        progress: Progress,
+    ) -> None:
+        self.kafka = KafkaSettings.of(kafka)
+        self.transactional_id = f"{app_id}-emit-{member}"
+        self.group_metadata = group_metadata
+        """The emit consumer's current group metadata (generation, member id, epoch)."""
+        self.progress = progress
+        self._producer: Producer | None = None
+        self._queue: list[_Request] = []
+        self._committer: asyncio.Task[None] | None = None
+        self._moved = False
+        self.moved_count = 0
+        """Transactions given up because the group moved on (for tests and the log)."""
+
+    @property
+    def moved(self) -> bool:
+        """Commits fail with PartitionsMoved until `resume`."""
+        return self._moved
+
+    def resume(self) -> None:
+        """The emit member rewound its partitions after PartitionsMoved: commit again."""
+        self._moved = False
+
+    async def _ready_producer(self) -> Producer:
+        """The producer, created and its transactions initialised (which fences an older
+        producer under the same id and aborts what it left open) if needed."""
+        if self._producer is not None:
+            return self._producer
+        producer = Producer(
+            producer_config(
+                self.kafka,
+                self.transactional_id,
+                **{
+                    "transactional.id": self.transactional_id,
+                    "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                },
+            )
+        )
+        await asyncio.to_thread(producer.init_transactions, CALL_TIMEOUT_S)
+        self._producer = producer
+        return producer
+
+    async def prepare(self, partitions: set[int]) -> None:
+        """Before any partition's state is restored: the producer is initialised."""
+        delay = 0.2
+        while True:
+            self.progress.check()
+            try:
+                await self.progress.watch(
+                    "emit", "starting the transactional producer", self._ready_producer()
+                )
+                self.progress.recovered("emit")
+                return
+            except KafkaException as exc:
+                error = error_of(exc)
+                if error is not None and error.fatal() and error.code() not in MOVED:
+                    raise
+                self.progress.trouble(
+                    "emit", "init", f"starting the transactional producer failed ({exc}); retrying"
+                )
+                self._producer = None
+                await self.progress.pause(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
+
+    async def commit(
+        self, partition: int, records: Sequence[OutRecord], offsets: dict[TopicPartition, int]
+    ) -> list[Acknowledged]:
+        """Write `records` and commit `offsets` in one transaction (possibly with other
+        partitions' parts); where the records of each topic partition went."""
+        if self._moved:
+            raise PartitionsMoved(f"partition {partition}: the group moved on; not committed")
+        done: asyncio.Future[list[Acknowledged]] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Request(partition, records, offsets, done))
+        if self._committer is None or self._committer.done():
+            self._committer = asyncio.ensure_future(self._commit_waiting())
+        return await done
+
+    async def _commit_waiting(self) -> None:
+        while self._queue:
+            requests, self._queue = self._queue, []
+            try:
+                await self._transact(requests)
+            except BaseException as exc:
+                for request in requests:
+                    if not request.done.done():
+                        request.done.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
+
+    async def _transact(self, requests: list[_Request]) -> None:
+        """Commit `requests` together; resolve each with its acknowledgements, or its error."""
+        who = object()
+        delay = 0.2
+        while True:
+            self.progress.check()
+            if self._moved:
+                raise PartitionsMoved("the group moved on; not committed")
+            partitions = ", ".join(str(request.partition) for request in requests)
+            try:
+                await self.progress.watch(
+                    "emit", f"a transaction for partitions {partitions}", self._once(requests), who
+                )
+                self.progress.recovered("emit", who)
+                for request in requests:
+                    request.done.set_result(
+                        acknowledgements(
+                            request.records,
+                            [report for round_ in request.rounds for report in round_.reports],
+                        )
+                    )
+                return
+            except _Moved as exc:
+                self._moved = True
+                self.moved_count += 1
+                log.warning(
+                    "emit: a transaction for partitions %s was aborted, the group moved on "
+                    "(%s): their pending work is dropped and read again",
+                    partitions,
+                    exc,
+                )
+                moved = PartitionsMoved(str(exc))
+                for request in [*requests, *self._queue]:
+                    if not request.done.done():
+                        request.done.set_exception(moved)
+                self._queue = []
+                return
+            except _Refusal as refusal:
+                if len(requests) > 1:  # part by part, to tell whose records they are
+                    for request in requests:
+                        try:
+                            await self._transact([request])
+                        except Exception as exc:
+                            if not request.done.done():
+                                request.done.set_exception(exc)
+                    return
+                request = requests[0]
+                if refusal.known:
+                    request.done.set_exception(
+                        RecordsRefused(
+                            [
+                                (record, refusal_reason(record, refusal_error(error)))
+                                for record, error in refusal.known
+                            ]
+                        )
+                    )
+                    return
+                request.single = True
+            except KafkaException as exc:
+                error = error_of(exc)
+                for request in requests:
+                    request.diagnose = True  # the next attempt tells a refused record
+                metrics.SEND_RETRIES.inc()
+                self.progress.trouble(
+                    "emit",
+                    f"txn:{error.name() if error is not None else type(exc).__name__}",
+                    f"a transaction for partitions {partitions} failed ({exc}); retrying",
+                    who,
+                )
+                await self.progress.pause(delay)
+                delay = min(delay * 2, MAX_BACKOFF_S)
+
+    async def _once(self, requests: list[_Request]) -> None:
+        """One transaction of `requests`; raises _Moved, _Refusal or KafkaException (the
+        transaction aborted, to be tried again)."""
+        try:
+            for request in requests:
+                failpoints.check_writable({record.topic for record in request.records})
+        except FailpointError as exc:  # as if Kafka were away (streams.engine.failpoints)
+            raise KafkaException(KafkaError(KafkaError._TRANSPORT, str(exc))) from None
+        producer = await self._ready_producer()
+        try:
+            producer.begin_transaction()
+            for request in requests:
+                request.rounds = []
+                if request.single:
+                    for record in request.records:
+                        round_ = await produce_round(producer, [record])
+                        request.rounds.append(round_)
+                        await asyncio.to_thread(producer.flush, CALL_TIMEOUT_S)
+                elif request.diagnose:
+                    request.rounds.append(await produce_round(producer, request.records))
+                else:
+                    request.rounds.append(
+                        await produce_round(producer, request.records, _last_per_place(request))
+                    )
+            offsets = [
+                RdTopicPartition(tp.topic, tp.partition, offset)
+                for request in requests
+                for tp, offset in request.offsets.items()
+            ]
+            await asyncio.to_thread(
+                producer.send_offsets_to_transaction,
+                offsets,
+                self.group_metadata(),
+                CALL_TIMEOUT_S,
+            )
+            await self._commit_transaction(producer)
+        except KafkaException as exc:
+            error = error_of(exc)
+            moved = error is not None and (error.code() in MOVED or error.fatal())
+            if error is not None and error.fatal() and error.code() not in MOVED:
+                log.error("the transactional producer failed for good: %s", error)
+                self._producer = None
+                raise
+            refusal = None if moved else self._refusal(requests)
+            await self._abort(producer)
+            if moved:
+                raise _Moved(str(error)) from exc
+            if refusal is not None:
+                raise refusal from exc
+            raise
+
+    @staticmethod
+    def _refusal(requests: list[_Request]) -> _Refusal | None:
+        """Refused records among the delivery reports of the failed transaction."""
+        known: list[tuple[OutRecord, KafkaError]] = []
+        several = False
+        for request in requests:
+            records = (
+                [[record] for record in request.records] if request.single else [request.records]
+            )
+            for group, round_ in zip(records, request.rounds, strict=False):
+                refused = [
+                    (record, report[0])
+                    for record, report in zip(group, round_.reports, strict=True)
+                    if report is not None and is_refusal(report[0])
+                ]
+                if len(refused) == 1:
+                    known.extend((record, error) for record, error in refused if error)
+                elif refused:
+                    several = True
+        if not known and not several:
+            return None
+        return _Refusal(known, several)
+
+    async def _commit_transaction(self, producer: Producer) -> None:
+        """Commit; a retriable failure (a timeout) is tried again: the commit may be under
+        way, so it must not be aborted."""
+        while True:
+            try:
+                await asyncio.to_thread(producer.commit_transaction, CALL_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                error = error_of(exc)
+                if error is None or not error.retriable() or error.txn_requires_abort():
+                    raise
+                self.progress.check()
+                await self.progress.pause(0.2)
+
+    async def _abort(self, producer: Producer) -> None:
+        """Abort the open transaction; a producer that cannot (fatal) is replaced."""
+        while True:
+            try:
+                await asyncio.to_thread(producer.abort_transaction, CALL_TIMEOUT_S)
+                return
+            except KafkaException as exc:
+                error = error_of(exc)
+                if error is not None and error.retriable():
+                    self.progress.check()
+                    await self.progress.pause(0.2)
+                    continue
+                # Fenced, fatal, or no transaction open (it failed before begin): a new
+                # producer re-initialises under the same id, which aborts whatever is open.
+                log.info("replacing the transactional producer (%s)", exc)
+                self._producer = None
+                return
+
+    async def stop(self) -> None:
+        if self._committer is not None:
+            self._committer.cancel()
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await asyncio.to_thread(producer.flush, 5.0)

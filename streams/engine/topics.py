@@ -1,0 +1,247 @@
+"""Every topic the stream uses, with its partitions and policies, created at start-up.
+
+One list (`topology`) serves the worker's start-up, `python -m streams create-topics`, and
+the Kubernetes `KafkaTopic` manifests' checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field, replace
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+
+from streams.config import Settings
+from streams.kafka_settings import KafkaAccessError, KafkaSettings, check_access
+
+log = logging.getLogger(__name__)
+
+DAY_MS = 24 * 3600 * 1000
+MIN_INSYNC_REPLICAS = "min.insync.replicas"
+"""Set on every topic the stream creates, from `stream.min_insync_replicas`."""
+SEEN_TABLE = "seen"
+MARKS_TABLE = "marks"
+
+# Record size limits (`max.message.bytes`, which bounds one record batch), one per kind of
+# topic; every topic the stream creates sets its own explicitly (the broker default of 1 MiB
+# is nobody's decision), and what the worker writes is held below them: stage one
+# dead-letters an event whose records would not fit (streams.core.routing), and a record Kafka
+# refuses anyway is replaced by a dead letter (streams.engine.aio.producer).
+RAW_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""A raw record as a bridge writes it, headers included (the webhook's body limit is 1 MiB
+by default; the bridges bound the whole record to this)."""
+EVENT_MAX_MESSAGE_BYTES = 1024 * 1024
+"""The records of one event: keyed (repartition topic), output, stale, and the changelog
+records derived from it (a dedupe id, an ordering mark)."""
+DEAD_LETTER_HEADROOM_BYTES = 64 * 1024
+"""What a dead letter adds to the record it carries: `error` (at most 4 KiB), `error.stage`,
+`error.topic` and their framing, with room to spare."""
+DEAD_LETTER_MAX_MESSAGE_BYTES = RAW_MAX_MESSAGE_BYTES + DEAD_LETTER_HEADROOM_BYTES
+"""A dead letter carries a whole raw delivery (or keyed record) plus the error headers."""
+MAX_MESSAGE_BYTES = {
+    "raw": RAW_MAX_MESSAGE_BYTES,
+    "repartition": EVENT_MAX_MESSAGE_BYTES,
+    "dead-letter": DEAD_LETTER_MAX_MESSAGE_BYTES,
+    "changelog": EVENT_MAX_MESSAGE_BYTES,
+    "output": EVENT_MAX_MESSAGE_BYTES,
+    "stale": EVENT_MAX_MESSAGE_BYTES,
+}
+"""`max.message.bytes` of each role of topic in `topology`."""
+
+
+def _limit(role: str) -> dict[str, str]:
+    return {"max.message.bytes": str(MAX_MESSAGE_BYTES[role])}
+
+
+RAW_TOPIC_CONFIG = {"retention.ms": str(7 * DAY_MS), **_limit("raw")}
+# Output topics keep every event for 7 days, then at least the last event of each key, for
+# good: consumers that fall up to a week behind miss nothing, and `connectors reconcile` can
+# always tell what the stream last said about a key.
+OUTPUT_TOPIC_CONFIG = {
+    "cleanup.policy": "compact",
+    "min.compaction.lag.ms": str(7 * DAY_MS),
+    **_limit("output"),
+}
+# A changelog entry may outlive its TTL by this much before the broker may delete it.
+CHANGELOG_RETENTION_MARGIN_MS = 3600 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str] = field(default_factory=dict)
+    role: str = ""
+
+
+def changelog_topic(settings: Settings, table: str) -> str:
+    """Faust's name for a table's changelog."""
+    return f"{settings.stream.app_id}-{table}-changelog"
+
+
+def topology(settings: Settings) -> list[TopicSpec]:
+    stream = settings.stream
+    parts, replicas = stream.partitions, stream.replication_factor
+    longest_ttl_ms = int(max(instance.dedupe_ttl for instance in settings.instances) * 1000)
+    specs = [
+        TopicSpec(raw.name, parts, replicas, RAW_TOPIC_CONFIG, "raw") for raw in stream.raw_topics
+    ]
+    specs += [
+        TopicSpec(
+            stream.repartition_topic,
+            parts,
+            replicas,
+            {"retention.ms": str(7 * DAY_MS), **_limit("repartition")},
+            "repartition",
+        ),
+        TopicSpec(
+            stream.dead_letter_topic,
+            parts,
+            replicas,
+            # holds raw deliveries as they came, with the error headers
+            {"retention.ms": str(30 * DAY_MS), **_limit("dead-letter")},
+            "dead-letter",
+        ),
+        TopicSpec(
+            changelog_topic(settings, SEEN_TABLE),
+            parts,
+            replicas,
+            {
+                "cleanup.policy": "compact,delete",
+                "retention.ms": str(longest_ttl_ms + CHANGELOG_RETENTION_MARGIN_MS),
+                **_limit("changelog"),
+            },
+            "changelog",
+        ),
+        TopicSpec(
+            changelog_topic(settings, MARKS_TABLE),
+            parts,
+            replicas,
+            {"cleanup.policy": "compact", **_limit("changelog")},
+            "changelog",
+        ),
+    ]
+    for instance in settings.instances:
+        specs.append(
+            TopicSpec(instance.output_topic, parts, replicas, OUTPUT_TOPIC_CONFIG, "output")
+        )
+        specs.append(
+            TopicSpec(
+                instance.stale_output_topic,
+                parts,
+                replicas,
+                {"retention.ms": str(30 * DAY_MS), **_limit("stale")},
+                "stale",
+            )
+        )
+    # Every topic, internal ones included: a changelog or the repartition topic that took a
+    # write from one replica alone could lose it with that broker (the broker's default is 1).
+    in_sync = {MIN_INSYNC_REPLICAS: str(stream.min_insync_replicas)}
+    return [replace(spec, config={**spec.config, **in_sync}) for spec in specs]
+
+
+async def ensure_topics(
+    kafka: KafkaSettings | str, specs: list[TopicSpec], retry_for_s: float | None = None
+) -> list[str]:
+    """Create the topics that do not exist yet; return their names.
+
+    Retries while the broker is unreachable (for `retry_for_s`, or forever when None), so a
+    worker started before its broker waits for it instead of failing. A broker that refuses
+    the credentials or whose certificate is not trusted raises KafkaAccessError at once
+    (naming the setting): waiting would not change it.
+    """
+    kafka = KafkaSettings.of(kafka)
+    problem = await check_access(kafka)  # before a client logs its own lines about it
+    if problem is not None and problem[1]:
+        raise KafkaAccessError(problem[0])
+    delay, waited = 0.5, 0.0
+    while True:
+        admin = AIOKafkaAdminClient(**kafka.aiokafka_args(), client_id="storage-events-topics")
+        try:
+            await admin.start()
+            existing = set(await admin.list_topics())
+            missing = [spec for spec in specs if spec.name not in existing]
+            if missing:
+                with contextlib.suppress(TopicAlreadyExistsError):  # another worker was first
+                    await admin.create_topics(
+                        [
+                            NewTopic(
+                                spec.name,
+                                spec.partitions,
+                                spec.replication_factor,
+                                topic_configs=spec.config,
+                            )
+                            for spec in missing
+                        ]
+                    )
+            await _warn_of_lower_limits(admin, [spec for spec in specs if spec.name in existing])
+            return [spec.name for spec in missing]
+        except KafkaConnectionError as exc:
+            problem = await check_access(kafka)
+            if problem is not None and problem[1]:
+                raise KafkaAccessError(problem[0]) from None
+            if retry_for_s is not None and waited >= retry_for_s:
+                if problem is not None:
+                    raise KafkaAccessError(problem[0]) from None
+                raise
+            log.warning(
+                "Kafka at %s not reachable (%s); retrying in %.1f s",
+                kafka.bootstrap_servers,
+                problem[0] if problem else exc,
+                delay,
+            )
+        except KafkaError as exc:
+            if retry_for_s is not None and waited >= retry_for_s:
+                raise
+            log.warning("creating topics failed (%r); retrying in %.1f s", exc, delay)
+        finally:
+            await admin.close()
+        await asyncio.sleep(delay)
+        waited += delay
+        delay = min(delay * 2, 5.0)
+
+
+async def _warn_of_lower_limits(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
+    """Say at start-up which existing topics take smaller records than the stream writes
+    (created beforehand, or by an older version): records over their limit are dead-lettered
+    (or, on the dead-letter topic, written without their value) instead of stopping the
+    stream, and this line says why. Nothing is changed: a topic's config is its owner's."""
+    wanted = {
+        spec.name: int(spec.config["max.message.bytes"])
+        for spec in specs
+        if "max.message.bytes" in spec.config
+    }
+    if not wanted:
+        return
+    try:
+        responses = await admin.describe_configs(
+            [
+                ConfigResource(ConfigResourceType.TOPIC, name, configs={"max.message.bytes": None})
+                for name in wanted
+            ]
+        )
+    except KafkaError as exc:
+        log.debug("could not read the topics' max.message.bytes: %r", exc)
+        return
+    for response in responses:
+        for _, _, _, name, entries in response.resources:
+            for entry in entries:
+                if entry[0] != "max.message.bytes" or name not in wanted:
+                    continue
+                with contextlib.suppress(TypeError, ValueError):
+                    found = int(entry[1])
+                    if found < wanted[name]:
+                        log.warning(
+                            "topic %s takes records of at most %d bytes (max.message.bytes), "
+                            "the stream writes up to %d: larger ones are dead-lettered; raise "
+                            "it with kafka-configs --alter --add-config max.message.bytes=%d",
+                            name,
+                            found,
+                            wanted[name],
+                            wanted[name],
+                        )
