@@ -127,13 +127,20 @@ class WorkerProcess:
 
 def metric(port: int | str, name: str) -> float:
     """The sum of a worker's samples of `name` (all labels) from its `/metrics`."""
+    return metric_sums(port, name)[name]
+
+
+def metric_sums(port: int | str, *names: str) -> dict[str, float]:
+    """Per name, the sum of its samples (all labels), from one read of `/metrics` (a page
+    costs the worker a few ms: a benchmark polling it reads it once per poll)."""
+    sums = dict.fromkeys(names, 0.0)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
             text = response.read().decode()
     except OSError:
-        return 0.0
-    return sum(
-        float(line.rpartition(" ")[2])
-        for line in text.splitlines()
-        if line.startswith(name + "{") or line.startswith(name + " ")
-    )
+        return sums
+    for line in text.splitlines():
+        name = line.partition("{")[0].partition(" ")[0]
+        if name in sums:
+            sums[name] += float(line.rpartition(" ")[2])
+    return sums

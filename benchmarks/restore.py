@@ -463,7 +463,7 @@ def expiry_phase(
             f"TTL phase: restored in a start of {start.ready_s:.1f} s, restarted; waiting for "
             f"the sweeper ({fill.last_expiry - time.time():.0f} s to the last expiry)"
         )
-        # Each sweep takes up to streams.worker.SWEEP_LIMIT ids per partition.
+        # Each sweep reads up to streams.core.emitting.SEEN_SWEEP_SCAN ids per partition.
         deadline = fill.last_expiry + max(60.0, 20 * sweep_interval_s)
         expired, done_at = expired_first, time.time()
         while time.time() < deadline:

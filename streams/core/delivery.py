@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per record (streams.core.records)
 class Delivery:
     """One notification exactly as a provider delivered it.
 

@@ -115,6 +115,12 @@ MARKS_SWEEP_SCAN = 50_000
 live key, and the sweep holds the emit stage up while it reads, 1.5-4 us a mark (BENCHMARKS.md,
 "Marks: bounded state"). Decisions do not wait for it (a mark past its grace counts as none),
 only the space does: a partition of 2.5M keys is read through every 50 sweeps."""
+SEEN_SWEEP_SCAN = 50_000
+"""Dedupe ids a sweep reads per partition (the next sweep resumes there; `seen_revision`): the
+table holds every id of the last TTL, millions per partition, and a read costs ~1.6 us an id.
+Decisions do not wait for it (an id past its expiry counts as new, a restore skips it), only
+the space does: a partition of 2M ids is read through every 40 sweeps (20 min at the default
+30 s), so an id leaves the disk at most that long after its expiry."""
 DELETED_MARKER = b"deleted"
 """In every stored mark of a deleted key (its `type`): marks without it are skipped unparsed."""
 KNOWN_SOURCES = frozenset(SOURCES)
@@ -122,7 +128,7 @@ UNPREFIXED_ID_PROVIDERS = frozenset({"eventbridge", "azure", "b2", "box", "cloud
 """Providers whose event ids are their own (not `<provider>:...`)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per record (streams.core.records)
 class KeyedInput:
     """One record read from the repartition topic."""
 
@@ -295,6 +301,17 @@ def decode_expiry(value: bytes | None) -> float | None:
         return float(value)
     except ValueError:
         return None
+
+
+FORGET = Revision(None)
+"""The revision that deletes an entry: one object for every id a sweep forgets."""
+
+
+def seen_revision(key: bytes, stored: bytes, now: float) -> Revision | None:
+    """What the sweep does to one `seen` entry: delete it once its expiry has passed; keep
+    it otherwise (and one without a readable expiry, which this stream never writes)."""
+    expires_at = decode_expiry(stored)
+    return FORGET if expires_at is not None and expires_at <= now else None
 
 
 def plan_batch(

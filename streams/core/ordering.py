@@ -94,7 +94,7 @@ class Ordered(Protocol):
     def raw(self) -> Mapping[str, Any] | None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per record (streams.core.records)
 class Mark:
     """What the ordering step remembers about the newest event emitted for a key."""
 

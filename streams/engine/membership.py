@@ -169,6 +169,34 @@ async def leave_for_good(
         return [Removal(group, instance, f"failed: {exc!r}") for group, instance in members]
 
 
+async def remove_predecessor(
+    kafka: KafkaSettings, group_id: str, instance_id: str, timeout_s: float = 15.0
+) -> Removal:
+    """Remove the static member `instance_id` of `group_id` that a killed predecessor of this
+    very member left behind, so that this one can join now (streams.engine.librdkafka.
+    consumer: a KIP-848 member restarted under its id is refused UNRELEASED_INSTANCE_ID
+    until the old one's session times out, 45 s at least).
+
+    Safe because a group.instance.id is exclusive to one running worker by construction
+    (`STREAMS_GROUP_INSTANCE_ID`, a StatefulSet pod name): the member holding it is a
+    previous life of this worker. Were a second live worker to share the id, it would be
+    fenced anyway: its emit member's transactional.id (`<app id>-emit-<instance id>`) is this
+    one's, initialised when this worker started.
+
+    The coordinator accepts it for a consumer-protocol member since Kafka 4.0 (KAFKA-18188:
+    GroupMetadataManager.classicGroupLeaveToConsumerGroup no longer requires the member to
+    speak the classic protocol) and fences it: the member is removed, the group epoch
+    bumped, its partitions assignable at once. Kafka 3.7-3.9 answer UNKNOWN_MEMBER_ID for
+    such a member ("not a member" here). Failures are reported, never raised."""
+    try:
+        [removal] = await asyncio.wait_for(
+            remove_static_members(kafka, [(group_id, instance_id)]), timeout_s
+        )
+    except (KafkaError, NotImplementedError, OSError, TimeoutError) as exc:
+        return Removal(group_id, instance_id, f"failed: {exc!r}")
+    return removal
+
+
 class Departure:
     """Whether this worker leaves its groups for good when it stops, and the leaving itself.
 

@@ -19,8 +19,9 @@ changelog topics deleted and created again under the same names, discards the lo
 first (one log line says why) and restores it from the changelog: a stored offset means
 nothing in another topic.
 
-Bounded state: every dedupe entry carries its absolute expiry. `expired` finds entries past
-it; the worker deletes them locally and writes tombstones to the changelog, whose
+Bounded state: every dedupe entry carries its absolute expiry. The sweep (`revisions`, a
+bounded scan that resumes where the previous turn stopped) finds entries past it; the worker
+deletes them locally and writes tombstones to the changelog, whose
 `compact,delete` policy with a retention of the longest TTL bounds the topic even if a sweep
 never ran. A restore skips entries already expired, so it can neither bring back nor renew one.
 Deleted keys' marks expire the same way (`revisions`, streams.core.emitting.mark_revision): past
@@ -33,7 +34,7 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,18 @@ class Revision:
 
 Reviser = Callable[[bytes, bytes], Revision | None]
 """(key, stored value) -> the entry's revision, None to keep it as it is."""
+
+
+@dataclass(frozen=True, slots=True)
+class Swept:
+    """What one sweep turn over one database found (`StateStore.revisions`)."""
+
+    changes: dict[bytes, bytes | None]
+    """key -> the new value, None to delete (a tombstone in the changelog)"""
+    read: int
+    """entries read, at most the turn's `scan`"""
+    finished: bool
+    """whether the turn reached the database's end, so that the next starts at its beginning"""
 
 
 def _open(path: Path) -> rocksdict.Rdict:
@@ -202,38 +215,21 @@ class StateStore:
                 batch.put(OFFSET_KEY, str(reached[place]).encode())
             self._dbs[place].write(batch)
 
-    def expired(
-        self, table: str, partition: int, now: float, limit: int, expiry_of: ExpiryReader
-    ) -> Iterator[bytes]:
-        """Up to `limit` keys of `table` in `partition` whose expiry has passed."""
-        db = self._dbs.get((table, partition))
-        if db is None:
-            return
-        found = 0
-        for key, value in db.items():
-            if not isinstance(key, bytes) or key == OFFSET_KEY:
-                continue
-            expires_at = expiry_of(value)
-            if expires_at is not None and expires_at <= now:
-                yield key
-                found += 1
-                if found >= limit:
-                    return
-
     def revisions(
         self, table: str, partition: int, limit: int, revise: Reviser, scan: int | None = None
-    ) -> dict[bytes, bytes | None]:
-        """Up to `limit` entries of `table` in `partition` that `revise` changes: key -> the
-        new value, None to delete (the `marks` sweep: streams.core.emitting.mark_revision).
+    ) -> Swept:
+        """One sweep turn over `table` in `partition`: up to `limit` entries that `revise`
+        changes (`seen` ids past their expiry, streams.core.emitting.seen_revision; deleted
+        keys' marks past their grace, mark_revision).
 
-        Reads at most `scan` entries, from where the previous call stopped to the end of the
-        database (the next call starts over), so that a sweep of a table of millions of
-        live keys holds the emit stage up for a bounded time, and covers it in turns."""
+        Reads at most `scan` entries, from where the previous turn on this database stopped
+        to its end (the next turn starts over), so that a sweep of a table of millions of
+        entries holds the emit stage up for a bounded time, and covers it in turns."""
         place = (table, partition)
         db = self._dbs.get(place)
         found: dict[bytes, bytes | None] = {}
         if db is None:
-            return found
+            return Swept(found, 0, finished=True)
         start = self._cursors.pop(place, None)
         read = 0
         for key, value in db.items(from_key=start) if start is not None else db.items():
@@ -241,12 +237,12 @@ class StateStore:
                 continue
             if (scan is not None and read >= scan) or len(found) >= limit:
                 self._cursors[place] = key
-                break
+                return Swept(found, read, finished=False)
             read += 1
             revision = revise(key, value)
             if revision is not None:
                 found[key] = revision.value
-        return found
+        return Swept(found, read, finished=True)
 
     async def restore(
         self,

@@ -234,11 +234,11 @@ def test_the_store_scan_returns_what_the_sweep_changes(tmp_path: Path) -> None:
         )
         found = store.revisions(
             MARKS, 0, 10, lambda key, value: mark_revision(key, value, NOW, grace_of)
-        )
+        ).changes
         assert set(found) == {b"a|s3|b/due", b"a/b/old"}
         assert found[b"a|s3|b/due"] is None
         assert mark_forget_at(found[b"a/b/old"] or b"") == NOW + GRACE
-        assert len(store.revisions(MARKS, 0, 1, lambda key, value: Revision(None))) == 1
+        assert len(store.revisions(MARKS, 0, 1, lambda key, value: Revision(None)).changes) == 1
     finally:
         store.close()
 
@@ -277,12 +277,12 @@ def test_a_bounded_scan_resumes_where_it_stopped_and_covers_the_table(tmp_path: 
         def everything(key: bytes, value: bytes) -> Revision:
             return Revision(None)
 
-        slices = [set(store.revisions(MARKS, 0, 100, everything, scan=2)) for _ in range(3)]
+        slices = [set(store.revisions(MARKS, 0, 100, everything, scan=2).changes) for _ in range(3)]
         assert slices == [set(keys[0:2]), set(keys[2:4]), {keys[4]}]
-        assert set(store.revisions(MARKS, 0, 100, everything, scan=2)) == set(keys[0:2])
+        assert set(store.revisions(MARKS, 0, 100, everything, scan=2).changes) == set(keys[0:2])
         # A full `limit` stops the scan there too; the next call goes on from that key.
-        assert set(store.revisions(MARKS, 0, 1, everything)) == {keys[2]}
-        assert set(store.revisions(MARKS, 0, 100, everything)) == set(keys[3:])
+        assert set(store.revisions(MARKS, 0, 1, everything).changes) == {keys[2]}
+        assert set(store.revisions(MARKS, 0, 100, everything).changes) == set(keys[3:])
     finally:
         store.close()
 

@@ -46,6 +46,8 @@ from confluent_kafka import TopicPartition as RdTopicPartition
 
 from streams.engine.batches import Batch, StageMeter
 from streams.engine.librdkafka import librdkafka_log
+from streams.engine.membership import remove_predecessor
+from streams.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,14 @@ CALL_TIMEOUT_S = 30.0
 TROUBLE_FRESH_S = 12.0
 """librdkafka reconnects at least every reconnect.backoff.max.ms (10 s), saying so each time."""
 QUIET_ERRORS = frozenset({KafkaError._PARTITION_EOF, KafkaError._TIMED_OUT})
+UNRELEASED_INSTANCE_ID = KafkaError(KafkaError.UNRELEASED_INSTANCE_ID).str()
+"""librdkafka's words for the broker's UNRELEASED_INSTANCE_ID, which the text of the fatal
+error it raises for it quotes (that error's code is _FATAL; confluent-kafka does not expose
+the original code)."""
+REJOIN_AT_ONCE_EVERY_S = 60.0
+"""A member removes its predecessor and rejoins at once at most this often; a second live
+holder of its instance id (ruled out by construction) would otherwise remove it in turn, in a
+loop: it then pauses as after any other failure."""
 
 
 class Received:
@@ -126,6 +136,7 @@ class RdBatchLoop:
         release: Callable[[set[TopicPartition]], None] | None = None,
         drain: Callable[[], Awaitable[None]] | None = None,
         resume: Callable[[], None] | None = None,
+        kafka: KafkaSettings | None = None,
     ) -> None:
         self.name = name
         self.topics = topics
@@ -138,6 +149,8 @@ class RdBatchLoop:
         """Called with the partitions kept after a revoke or loss (their state stays open)."""
         self.drain = drain
         self.resume = resume
+        self.kafka = kafka
+        """The connection for removing a killed predecessor's static member (`_poll`)."""
         """Called once the member rewound after PartitionsMoved (the transactions commit again)."""
         self._config = {**config, "error_cb": self._error, "logger": librdkafka_log()}
         self.consumer = Consumer(self._config)
@@ -214,31 +227,70 @@ class RdBatchLoop:
     def _poll(self) -> None:
         assert self._loop is not None
         delay = 1.0
+        removed_at: float | None = None
         try:
             while not self._stopped.is_set():
                 try:
                     self._consume()
                 except _ConsumerFatal as exc:
-                    # E.g. KIP-848's UNRELEASED_INSTANCE_ID: a worker restarted under its static
-                    # id while its killed predecessor is still a member (until the group's
-                    # session timeout). Not a crash: let everything go, join again.
-                    log.error(
-                        "%s: the consumer failed (%s); joining again in %.0f s",
-                        self.name,
-                        exc,
-                        delay,
-                    )
+                    # Not a crash: let everything go, join again. KIP-848's
+                    # UNRELEASED_INSTANCE_ID is a worker restarted under its static id while its
+                    # killed predecessor is still a member (until the group's session timeout,
+                    # 45 s at least): that member is removed, and this one joins at once.
+                    log.error("%s: the consumer failed (%s)", self.name, exc)
                     self._call(self._revoked(set(self.owned), lost=True))
                     self._loop.call_soon_threadsafe(self.assigned.clear)  # /ready: not ours
                     self._close()
-                    self._wait(delay)
-                    delay = min(delay * 2, 10.0)
+                    pause = delay
+                    if UNRELEASED_INSTANCE_ID in str(exc) and self._remove_predecessor():
+                        now = time.monotonic()
+                        if removed_at is None or now - removed_at >= REJOIN_AT_ONCE_EVERY_S:
+                            pause, removed_at = 0.0, now
+                    log.warning(
+                        "%s: joining the group again %s",
+                        self.name,
+                        f"in {pause:.0f} s" if pause else "at once",
+                    )
+                    self._wait(pause)
+                    if pause:
+                        delay = min(delay * 2, 10.0)
                     self.consumer = Consumer(self._config)
         except BaseException as exc:
             self._failure = self._failure or exc
         finally:
             self._close()
             self._loop.call_soon_threadsafe(self._set_closed)
+
+    def _remove_predecessor(self) -> bool:
+        """In the poll thread, after UNRELEASED_INSTANCE_ID: remove the static member holding
+        this member's group.instance.id, a killed previous life of this worker (the id is
+        exclusive to one running worker by construction, and a second live holder would be
+        fenced anyway by the emit member's transactional.id, derived from it:
+        streams.engine.membership.remove_predecessor). Whether it was removed."""
+        group_id = self._config.get("group.id")
+        instance_id = self._config.get("group.instance.id")
+        kafka = self.kafka
+        if kafka is None or not group_id or not instance_id:
+            return False
+        outcomes: list[str] = []
+
+        async def remove() -> None:  # on the event loop: the aiokafka client lives there
+            started = time.monotonic()
+            removal = await remove_predecessor(kafka, group_id, instance_id)
+            outcomes.append(removal.outcome)
+            log.log(
+                logging.INFO if removal.removed else logging.WARNING,
+                "%s: removing the killed predecessor's static member %s from group %s: %s "
+                "in %.0f ms",
+                self.name,
+                instance_id,
+                group_id,
+                removal.outcome,
+                (time.monotonic() - started) * 1000,
+            )
+
+        self._call(remove())
+        return outcomes == ["removed"]
 
     def _wait(self, seconds: float) -> None:
         """Pause the poll thread, serving the loop's commands meanwhile."""
@@ -422,14 +474,25 @@ class RdBatchLoop:
     def _batch(self, messages: list[Message]) -> Batch:
         """The records of partitions still owned, not handed on before, per partition."""
         batch: Batch = {}
+        places: dict[tuple[str | None, int | None], tuple[list[Any], int] | None] = {}
+        """Per (topic, partition): its records in `batch` and the first offset not handed on
+        yet, or None when not owned (the lookups once per partition, not per record)."""
         for message in messages:
-            tp = TopicPartition(message.topic(), message.partition())
-            if tp not in self.owned:
+            place = (message.topic(), message.partition())
+            if place not in places:
+                tp = TopicPartition(*place)
+                places[place] = (
+                    (batch.setdefault(tp, []), self._next.get(tp, 0)) if tp in self.owned else None
+                )
+            known = places[place]
+            if known is None:
                 continue
-            offset = message.offset() or 0
-            if offset < self._next.get(tp, 0):
+            received = Received(message)
+            if received.offset < known[1]:
                 continue  # read again after a rewind that earlier records already reached
-            batch.setdefault(tp, []).append(Received(message))
+            known[0].append(received)
+        for tp in [tp for tp, records in batch.items() if not records]:
+            del batch[tp]
         for tp, records in list(batch.items()):
             if self.skips(tp, records[0].offset):
                 del batch[tp]
