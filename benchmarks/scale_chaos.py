@@ -482,7 +482,7 @@ def run(args: argparse.Namespace, command: str) -> ScaleResult:
     result = ScaleResult(
         date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         command=command,
-        engine=args.engine or os.environ.get("STREAMS_ENGINE", "aiokafka (default)"),
+        engine=args.engine or os.environ.get("STREAMS_ENGINE", "librdkafka (default)"),
         partitions=args.partitions,
         session_timeout_s=args.session_timeout_s,
         rate=args.rate,

@@ -253,10 +253,12 @@ class StreamConfig(_Strict):
     data_dir: Path = Path("var/streams")
     web_port: int = Field(default=6066, ge=1, le=65535)
     processing_guarantee: Literal["at_least_once", "exactly_once"] = "exactly_once"
-    engine: Literal["aiokafka", "librdkafka"] = "aiokafka"
-    """The Kafka clients under the stages (env STREAMS_ENGINE): `aiokafka`, or `librdkafka`
-    (confluent-kafka, streams.engine: incremental rebalances, one transactional producer per
-    stage member, exactly-once v2). Both run the same stage logic."""
+    engine: Literal["aiokafka", "librdkafka"] = "librdkafka"
+    """The Kafka clients under the stages (env STREAMS_ENGINE): `librdkafka` (confluent-kafka,
+    streams.engine.librdkafka: incremental rebalances, one transactional producer per emit
+    member, exactly-once v2), or `aiokafka` (streams.engine.aio: eager rebalances, a
+    transactional producer per input partition; the engine before 2026-12). Both run the same
+    stage logic, and either takes over the other's groups, offsets and changelogs."""
     group_protocol: Literal["consumer", "classic"] = "consumer"
     """The consumer group protocol of the `librdkafka` engine (env STREAMS_GROUP_PROTOCOL):
     `consumer` (KIP-848, Kafka 4.x), or `classic` with the cooperative-sticky assignor for

@@ -205,6 +205,11 @@ class StateStore:
             if ack.topic in self._tables_by_changelog and ack.count
         }
         for place in set(writes) | set(reached):
+            if place not in self._dbs:
+                # Released meanwhile (its partition moved): what was written is in the
+                # changelog, which the partition's next owner restores.
+                log.info("state of %s[%d] closed before a write was applied", *place)
+                continue
             batch = rocksdict.WriteBatch(raw_mode=True)
             for key, value in writes.get(place, {}).items():
                 if value is None:

@@ -5,10 +5,11 @@ in 3 -> 2 with leave-for-good. Nothing lost, duplicated or misordered, no worker
 did not cause, the scale-in's partitions processed again within 5 s. The table is printed in
 the terminal summary.
 
-With the aiokafka engine (today's default) a worker frozen past its session timeout crashes
-when it resumes (its open transaction is fenced: ProducerFenced, issue 15's first point), so
-the run reports an unexpected exit: that one failure, and only that one, is an expected
-failure for that engine (xfail, not strict); any other failure fails the test.
+With the aiokafka engine (STREAMS_ENGINE=aiokafka; librdkafka is the default) a worker
+frozen past its session timeout crashes when it resumes (its open transaction is fenced:
+ProducerFenced, issue 15's first point), so the run reports an unexpected exit: that one
+failure, and only that one, is an expected failure for that engine (xfail, not strict); any
+other failure fails the test.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from support.chaos_harness import Harness
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
 ARGS = ["--deliveries", "40000", "--rate", "350", "--session-timeout-s", "10"]
-ENGINE = os.environ.get("STREAMS_ENGINE", "aiokafka")
+ENGINE = os.environ.get("STREAMS_ENGINE", "librdkafka")
 
 
 def documented_aiokafka_failure(result: dict[str, object]) -> bool:

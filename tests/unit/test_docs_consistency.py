@@ -246,7 +246,11 @@ def test_every_documented_metric_is_registered() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [ROOT / "README.md", ROOT / "streams" / "core" / "event.py", *sorted((ROOT / "streams").rglob("*.py"))],
+    [
+        ROOT / "README.md",
+        ROOT / "streams" / "core" / "event.py",
+        *sorted((ROOT / "streams").rglob("*.py")),
+    ],
     ids=lambda path: path.relative_to(ROOT).as_posix(),
 )
 def test_no_reference_leaves_the_repository(path: Path) -> None:

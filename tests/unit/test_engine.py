@@ -11,13 +11,13 @@ from streams.engine.librdkafka.producer import acknowledgements, producer_config
 from streams.kafka_settings import KafkaSettings
 
 
-def test_the_engine_defaults_to_aiokafka_and_librdkafka_speaks_kip_848() -> None:
+def test_the_engine_defaults_to_librdkafka_speaking_kip_848() -> None:
     stream = load_settings(environ={}).stream
-    assert (stream.engine, stream.group_protocol) == ("aiokafka", "consumer")
+    assert (stream.engine, stream.group_protocol) == ("librdkafka", "consumer")
     chosen = load_settings(
-        environ={"STREAMS_ENGINE": "librdkafka", "STREAMS_GROUP_PROTOCOL": "classic"}
+        environ={"STREAMS_ENGINE": "aiokafka", "STREAMS_GROUP_PROTOCOL": "classic"}
     ).stream
-    assert (chosen.engine, chosen.group_protocol) == ("librdkafka", "classic")
+    assert (chosen.engine, chosen.group_protocol) == ("aiokafka", "classic")
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,7 @@ class _LineRepeatFilter(logging.Filter):
             self._seen[text] = (now, 0)
         if dropped:
             text = f"{text} (and {dropped} more like it in {now - passed_at:.0f} s)"
-        record.msg, record.args = text, None
+        record.msg, record.args = text, ()
         return True
 
 

@@ -25,6 +25,7 @@ Any other fatal producer error is raised (the worker stops, closing its consumer
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,15 @@ log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 30.0
 """Per transactional call (init, offsets, commit, abort); a retriable timeout is tried again."""
+OFFSETS_TIMEOUT_S = 10.0
+"""`send_offsets_to_transaction`'s: a round trip to the group coordinator (milliseconds when
+all is well); the one call seen hanging, so given the shortest wait."""
+STUCK_MARGIN_S = 5.0
+"""librdkafka may not return from a transactional call at its timeout: after the broker
+restarted, `send_offsets_to_transaction` was seen waiting for good for a group coordinator it
+never looks up again (confluentinc/librdkafka#5456 and #5511, open in 2.16). This long past
+its timeout the producer is given up (its thread left inside it) and a new one under the same
+transactional id fences it: the open transaction aborts, and its records are written again."""
 TRANSACTION_TIMEOUT_MS = 30_000
 """`transaction.timeout.ms`: how long a transaction a vanished worker left open holds the
 read_committed readers of its partitions back, when no restart under its id aborts it."""
@@ -74,6 +84,35 @@ MOVED = frozenset(
     }
 )
 """Errors that mean the group (or another producer under this id) moved on from this member."""
+
+
+class _Txn:
+    """A transactional producer and the one thread its blocking calls run on (never the
+    event loop's shared pool: a call librdkafka does not return from would take it)."""
+
+    def __init__(self, producer: Producer, name: str) -> None:
+        self.producer = producer
+        self.thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        self.stuck = False
+        """A call did not return in time: the producer is given up."""
+
+    async def call(self, what: str, call: Callable[..., Any], timeout_s: float) -> Any:
+        """`call(timeout_s)` on the producer's thread; KafkaException(_TIMED_OUT) if it has
+        not returned STUCK_MARGIN_S after its timeout, the producer then given up (`stuck`)."""
+        future = asyncio.get_running_loop().run_in_executor(self.thread, call, timeout_s)
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s + STUCK_MARGIN_S)
+        except TimeoutError:
+            self.stuck = True
+            self.thread.shutdown(wait=False)
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._TIMED_OUT,
+                    f"{what} did not return within {timeout_s + STUCK_MARGIN_S:.0f} s "
+                    "(librdkafka#5456): "
+                    "replacing the transactional producer",
+                )
+            ) from None
 
 
 class PartitionsMoved(Exception):
@@ -144,7 +183,9 @@ class MemberTransactions:
         self.group_metadata = group_metadata
         """The emit consumer's current group metadata (generation, member id, epoch)."""
         self.progress = progress
-        self._producer: Producer | None = None
+        self._txn: _Txn | None = None
+        self._stuck: list[_Txn] = []
+        """Producers given up inside a call (kept: librdkafka's thread is still in them)."""
         self._queue: list[_Request] = []
         self._committer: asyncio.Task[None] | None = None
         self._moved = False
@@ -160,11 +201,15 @@ class MemberTransactions:
         """The emit member rewound its partitions after PartitionsMoved: commit again."""
         self._moved = False
 
-    async def _ready_producer(self) -> Producer:
+    async def _ready_producer(self) -> _Txn:
         """The producer, created and its transactions initialised (which fences an older
         producer under the same id and aborts what it left open) if needed."""
-        if self._producer is not None:
-            return self._producer
+        if self._txn is not None and not self._txn.stuck:
+            return self._txn
+        if self._txn is not None:
+            log.warning("giving up the stuck transactional producer %s", self.transactional_id)
+            self._stuck.append(self._txn)
+            self._txn = None
         producer = Producer(
             producer_config(
                 self.kafka,
@@ -175,9 +220,10 @@ class MemberTransactions:
                 },
             )
         )
-        await asyncio.to_thread(producer.init_transactions, CALL_TIMEOUT_S)
-        self._producer = producer
-        return producer
+        txn = _Txn(producer, f"{self.transactional_id}-txn")
+        await txn.call("init_transactions", producer.init_transactions, CALL_TIMEOUT_S)
+        self._txn = txn
+        return txn
 
     async def prepare(self, partitions: set[int]) -> None:
         """Before any partition's state is restored: the producer is initialised."""
@@ -197,7 +243,7 @@ class MemberTransactions:
                 self.progress.trouble(
                     "emit", "init", f"starting the transactional producer failed ({exc}); retrying"
                 )
-                self._producer = None
+                self._txn = None
                 await self.progress.pause(delay)
                 delay = min(delay * 2, MAX_BACKOFF_S)
 
@@ -306,7 +352,8 @@ class MemberTransactions:
                 failpoints.check_writable({record.topic for record in request.records})
         except FailpointError as exc:  # as if Kafka were away (streams.engine.failpoints)
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, str(exc))) from None
-        producer = await self._ready_producer()
+        txn = await self._ready_producer()
+        producer = txn.producer
         try:
             producer.begin_transaction()
             for request in requests:
@@ -315,7 +362,7 @@ class MemberTransactions:
                     for record in request.records:
                         round_ = await produce_round(producer, [record])
                         request.rounds.append(round_)
-                        await asyncio.to_thread(producer.flush, CALL_TIMEOUT_S)
+                        await txn.call("flush", producer.flush, CALL_TIMEOUT_S)
                 elif request.diagnose:
                     request.rounds.append(await produce_round(producer, request.records))
                 else:
@@ -327,22 +374,24 @@ class MemberTransactions:
                 for request in requests
                 for tp, offset in request.offsets.items()
             ]
-            await asyncio.to_thread(
-                producer.send_offsets_to_transaction,
-                offsets,
-                self.group_metadata(),
-                CALL_TIMEOUT_S,
+            metadata = self.group_metadata()
+            await txn.call(
+                "send_offsets_to_transaction",
+                lambda timeout_s: producer.send_offsets_to_transaction(
+                    offsets, metadata, timeout_s
+                ),
+                OFFSETS_TIMEOUT_S,
             )
-            await self._commit_transaction(producer)
+            await self._commit_transaction(txn)
         except KafkaException as exc:
             error = error_of(exc)
             moved = error is not None and (error.code() in MOVED or error.fatal())
             if error is not None and error.fatal() and error.code() not in MOVED:
                 log.error("the transactional producer failed for good: %s", error)
-                self._producer = None
+                self._txn = None
                 raise
             refusal = None if moved else self._refusal(requests)
-            await self._abort(producer)
+            await self._abort(txn)
             if moved:
                 raise _Moved(str(error)) from exc
             if refusal is not None:
@@ -372,25 +421,32 @@ class MemberTransactions:
             return None
         return _Refusal(known, several)
 
-    async def _commit_transaction(self, producer: Producer) -> None:
+    async def _commit_transaction(self, txn: _Txn) -> None:
         """Commit; a retriable failure (a timeout) is tried again: the commit may be under
         way, so it must not be aborted."""
         while True:
             try:
-                await asyncio.to_thread(producer.commit_transaction, CALL_TIMEOUT_S)
+                await txn.call(
+                    "commit_transaction", txn.producer.commit_transaction, CALL_TIMEOUT_S
+                )
                 return
             except KafkaException as exc:
                 error = error_of(exc)
-                if error is None or not error.retriable() or error.txn_requires_abort():
+                if (
+                    error is None
+                    or not error.retriable()
+                    or error.txn_requires_abort()
+                    or txn.stuck
+                ):
                     raise
                 self.progress.check()
                 await self.progress.pause(0.2)
 
-    async def _abort(self, producer: Producer) -> None:
-        """Abort the open transaction; a producer that cannot (fatal) is replaced."""
-        while True:
+    async def _abort(self, txn: _Txn) -> None:
+        """Abort the open transaction; a producer that cannot (fatal, stuck) is replaced."""
+        while not txn.stuck:
             try:
-                await asyncio.to_thread(producer.abort_transaction, CALL_TIMEOUT_S)
+                await txn.call("abort_transaction", txn.producer.abort_transaction, CALL_TIMEOUT_S)
                 return
             except KafkaException as exc:
                 error = error_of(exc)
@@ -401,12 +457,13 @@ class MemberTransactions:
                 # Fenced, fatal, or no transaction open (it failed before begin): a new
                 # producer re-initialises under the same id, which aborts whatever is open.
                 log.info("replacing the transactional producer (%s)", exc)
-                self._producer = None
+                self._txn = None
                 return
 
     async def stop(self) -> None:
         if self._committer is not None:
             self._committer.cancel()
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            await asyncio.to_thread(producer.flush, 5.0)
+        txn, self._txn = self._txn, None
+        if txn is not None and not txn.stuck:
+            await txn.call("flush", txn.producer.flush, 5.0)
+            txn.thread.shutdown(wait=False)
