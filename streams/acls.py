@@ -13,7 +13,8 @@ and the KafkaTopic manifests), so the ACLs cannot name other topics than the str
 * worker: Read the raw topics; Read and Write the repartition topic; Read, Write and Create
   its own topics (`<app_id>-` prefixed: the changelogs, Faust's assignor topic); Write the
   outputs, stale outputs and the dead-letter topic; DescribeConfigs of them all (the start-up
-  check of `max.message.bytes`); its groups `<app_id>`, `<app_id>-normalize`, `<app_id>-emit`;
+  check of `max.message.bytes`); its groups `<app_id>`, `<app_id>-normalize`, `<app_id>-emit`
+  (the stage groups' configs too: their KIP-848 session timeout and heartbeat);
   its transactional ids (`<app_id>-emit-<partition>`, prefixed).
 * bridge: Write its raw topic, nothing else.
 * reconcile (`python -m connectors reconcile --instance NAME`): what a bridge has (it
@@ -81,9 +82,11 @@ def worker_acls(settings: Settings) -> list[Acl]:
     acls.append(
         Acl("topic", internal, ("Read", "Write", "Create", "Describe", "DescribeConfigs"), True)
     )
+    acls.append(Acl("group", app_id, ("Read", "Describe")))  # Faust's own consumer
+    # AlterConfigs: the stage groups' KIP-848 timing (streams.engine.librdkafka.group_config).
     acls += [
-        Acl("group", group, ("Read", "Describe"))
-        for group in (app_id, f"{app_id}-normalize", f"{app_id}-emit")
+        Acl("group", group, ("Read", "Describe", "DescribeConfigs", "AlterConfigs"))
+        for group in (f"{app_id}-normalize", f"{app_id}-emit")
     ]
     acls.append(Acl("transactionalId", f"{app_id}-emit-", ("Write", "Describe"), True))
     return acls

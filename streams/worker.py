@@ -83,6 +83,7 @@ from streams.engine.aio.producer import RecordSender
 from streams.engine.aio.transactions import PartitionTransactions, RecordsRefused
 from streams.engine.batches import Batch
 from streams.engine.librdkafka.consumer import RdBatchLoop, consumer_config
+from streams.engine.librdkafka.group_config import configure_stage_groups
 from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.librdkafka.transactions import MemberTransactions, PartitionsMoved
 from streams.engine.membership import Departure
@@ -340,6 +341,11 @@ class Pipeline:
         return self.normalize.ready and self.emit.ready
 
     async def start(self) -> None:
+        stream = settings.stream
+        if stream.engine == "librdkafka" and stream.group_protocol == "consumer":
+            await configure_stage_groups(
+                settings.kafka, (self.normalize_group, self.emit_group), stream.session_timeout_s
+            )
         await self.sender.start()
         if isinstance(self.transactions, MemberTransactions):
             # Before the emit member joins: initialising the producer under this member's

@@ -257,6 +257,7 @@ def write_properties(layout: Layout) -> None:
                 "share.coordinator.state.topic.min.isr=1",
                 # Consumers in tests join at once instead of waiting 3 s for more members.
                 "group.initial.rebalance.delay.ms=0",
+                *KIP848_GROUP_BOUNDS,
                 "auto.create.topics.enable=true",
                 "log.retention.hours=168",
                 "log.cleaner.backoff.ms=1000",
@@ -264,6 +265,14 @@ def write_properties(layout: Layout) -> None:
             ]
         )
     )
+
+
+KIP848_GROUP_BOUNDS = (
+    "group.consumer.min.session.timeout.ms=6000",
+    "group.consumer.min.heartbeat.interval.ms=1000",
+)
+"""KIP-848 groups may set a session timeout down to the worker's least (6 s) and a 1 s
+heartbeat (streams.engine.librdkafka.group_config); Kafka's floors are 45 s and 5 s."""
 
 
 def security_properties(layout: Layout) -> list[str]:
@@ -720,6 +729,7 @@ def write_node_properties(cluster: Cluster, node_id: int) -> None:
                 f"share.coordinator.state.topic.min.isr={in_sync}",
                 "unclean.leader.election.enable=false",
                 "group.initial.rebalance.delay.ms=0",
+                *KIP848_GROUP_BOUNDS,
                 "auto.create.topics.enable=true",
                 "log.retention.hours=168",
                 "log.cleaner.backoff.ms=1000",

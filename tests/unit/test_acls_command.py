@@ -45,8 +45,14 @@ def test_the_worker_gets_every_topic_it_uses_with_the_least_it_needs(settings: S
         assert ("Read" in operations) == (spec.role in ("raw", "repartition")), spec.name
         assert ("Write" in operations) == (spec.role != "raw"), spec.name
         assert "Create" not in operations and "Delete" not in operations, spec.name
-    for group in (app_id, f"{app_id}-normalize", f"{app_id}-emit"):
-        assert acls[("group", group)].operations == ("Read", "Describe")
+    assert acls[("group", app_id)].operations == ("Read", "Describe")  # Faust's consumer
+    for group in (f"{app_id}-normalize", f"{app_id}-emit"):  # + their KIP-848 timing
+        assert acls[("group", group)].operations == (
+            "Read",
+            "Describe",
+            "DescribeConfigs",
+            "AlterConfigs",
+        )
     transactions = acls[("transactionalId", f"{app_id}-emit-")]
     assert transactions.prefixed and "Write" in transactions.operations
     assert not any(acl.resource == "cluster" for acl in acls.values())  # KIP-679
@@ -137,7 +143,8 @@ def test_each_shipped_kafka_user_is_what_the_command_prints(
         assert rule["resource"]["type"] in ("topic", "group", "transactionalId", "cluster")
         assert rule["resource"].get("patternType", "literal") in ("literal", "prefix")
         assert set(rule["operations"]) <= {"Read", "Write", "Create", "Describe"} | {
-            "DescribeConfigs"
+            "DescribeConfigs",
+            "AlterConfigs",  # the stage groups' only (their KIP-848 timing)
         }
 
 
