@@ -136,7 +136,7 @@ class KeyedInput:
     partition: int
     key: bytes | None
     value: bytes
-    headers: Mapping[str, bytes] = field(default_factory=dict)
+    headers: Mapping[str, bytes | None] = field(default_factory=dict)
     offset: int = -1
 
 

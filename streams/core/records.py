@@ -65,10 +65,10 @@ class RawRecord:
 
     topic: str
     value: bytes
-    headers: Mapping[str, bytes] = field(default_factory=dict)
+    headers: Mapping[str, bytes | None] = field(default_factory=dict)
 
 
-def header_text(headers: Mapping[str, bytes], name: str) -> str | None:
+def header_text(headers: Mapping[str, bytes | None], name: str) -> str | None:
     value = headers.get(name)
     if value is None:
         return None
@@ -132,7 +132,7 @@ class KeyedEvent:
     value: bytes
 
 
-def parse_keyed(value: bytes, headers: Mapping[str, bytes]) -> KeyedEvent:
+def parse_keyed(value: bytes, headers: Mapping[str, bytes | None]) -> KeyedEvent:
     """Inverse of keyed_record. Raises ValueError on anything else.
 
     Trusts the event JSON as stage one wrote it (no model validation per event) but checks
@@ -309,8 +309,8 @@ def dead_letter_record(
 
 
 def headers_dict(
-    headers: Iterable[tuple[str, bytes]] | Mapping[str, bytes] | None,
-) -> dict[str, bytes]:
+    headers: Iterable[tuple[str, bytes | None]] | Mapping[str, bytes | None] | None,
+) -> dict[str, bytes | None]:
     """Kafka headers as a dict (the last value wins for a repeated name)."""
     if headers is None:
         return {}

@@ -50,20 +50,20 @@ def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
         if not delivery.source:
             raise MalformedDelivery("no `source` header and the topic has no default source")
         events = normalize(delivery)
-    except MalformedDelivery as exc:
-        reason = f"{delivery.source or '?'}: {exc}"
-    except Exception as exc:  # a normalizer bug must not stop the stream on one delivery
+    except MalformedDelivery as malformed:
+        reason = f"{delivery.source or '?'}: {malformed}"
+    except Exception as bug:  # a normalizer bug must not stop the stream on one delivery
         log.exception("normalizer %s failed on a delivery", delivery.source)
-        reason = f"{delivery.source}: internal error {type(exc).__name__}: {exc}"
+        reason = f"{delivery.source}: internal error {type(bug).__name__}: {bug}"
     if reason is None:
         try:
             _fan_out(routed, events, record.headers.get("received-at"), settings)
-        except TooLarge as exc:
+        except TooLarge as too_large:
             routed = Routed()
-            reason = f"{delivery.source}: {exc}"
-        except ValueError as exc:  # an event pydantic cannot serialise (a `raw` nested too deep)
+            reason = f"{delivery.source}: {too_large}"
+        except ValueError as unserialisable:  # pydantic cannot serialise it (`raw` too deep)
             routed = Routed()
-            reason = f"{delivery.source}: cannot serialise its event: {exc}"
+            reason = f"{delivery.source}: cannot serialise its event: {unserialisable}"
     if reason is not None:
         routed.dead_letter_reason = reason
         routed.records.append(

@@ -25,8 +25,9 @@ Any other fatal producer error is raised (the worker stops, closing its consumer
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,30 +88,48 @@ MOVED = frozenset(
 
 
 class _Txn:
-    """A transactional producer and the one thread its blocking calls run on (never the
-    event loop's shared pool: a call librdkafka does not return from would take it)."""
+    """A transactional producer whose blocking calls each run on a daemon thread of their
+    own: never the event loop's shared pool, which a call librdkafka does not return from
+    would hold, and which the interpreter waits for at exit."""
 
     def __init__(self, producer: Producer, name: str) -> None:
         self.producer = producer
-        self.thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        self.name = name
         self.stuck = False
         """A call did not return in time: the producer is given up."""
 
-    async def call(self, what: str, call: Callable[..., Any], timeout_s: float) -> Any:
-        """`call(timeout_s)` on the producer's thread; KafkaException(_TIMED_OUT) if it has
-        not returned STUCK_MARGIN_S after its timeout, the producer then given up (`stuck`)."""
-        future = asyncio.get_running_loop().run_in_executor(self.thread, call, timeout_s)
+    async def call(self, what: str, call: Callable[[float], Any], timeout_s: float) -> Any:
+        """`call(timeout_s)` off the loop; KafkaException(_TIMED_OUT) if it has not returned
+        STUCK_MARGIN_S after its timeout, the producer then given up (`stuck`)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+
+        def run() -> None:
+            try:
+                result, error = call(timeout_s), None
+            except BaseException as exc:
+                result, error = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(settle, result, error)
+
+        threading.Thread(target=run, name=f"{self.name}-{what}", daemon=True).start()
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout_s + STUCK_MARGIN_S)
         except TimeoutError:
             self.stuck = True
-            self.thread.shutdown(wait=False)
             raise KafkaException(
                 KafkaError(
                     KafkaError._TIMED_OUT,
                     f"{what} did not return within {timeout_s + STUCK_MARGIN_S:.0f} s "
-                    "(librdkafka#5456): "
-                    "replacing the transactional producer",
+                    "(librdkafka#5456): replacing the transactional producer",
                 )
             ) from None
 
@@ -466,4 +485,3 @@ class MemberTransactions:
         txn, self._txn = self._txn, None
         if txn is not None and not txn.stuck:
             await txn.call("flush", txn.producer.flush, 5.0)
-            txn.thread.shutdown(wait=False)
