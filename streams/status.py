@@ -28,11 +28,12 @@ from typing import Any
 import aiohttp
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
 from prometheus_client.parser import text_string_to_metric_families
 
 from streams.config import Settings
+from streams.engine.membership import admin_client, describe, state_name
 from streams.engine.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic
+from streams.kafka_settings import KafkaSettings
 
 LAST_RECORDS = 4
 """Offsets read back from each output partition's end to find its newest event: a
@@ -117,14 +118,6 @@ class Snapshot:
         return data
 
 
-def parse_assignment(raw: bytes) -> tuple[str, ...]:
-    """A member's assignment from its DescribeGroups bytes, as `topic[partition]`."""
-    if not raw:
-        return ()
-    assignment = ConsumerProtocolMemberAssignment.decode(raw)
-    return tuple(f"{tp.topic}[{tp.partition}]" for tp in sorted(assignment.partitions()))
-
-
 def lag_of(committed: int | None, beginning: int, end: int) -> int:
     """Records the group has still to read: from its committed offset (or from the topic's
     beginning, where `auto_offset_reset=earliest` starts it) to the end."""
@@ -184,21 +177,30 @@ async def workers_emitted(
 
 
 async def _group(
+    kafka: KafkaSettings,
     admin: AIOKafkaAdminClient,
     consumer: AIOKafkaConsumer,
     name: str,
     topics: Iterable[str],
     partitions_of: Mapping[str, list[int]],
 ) -> GroupStatus:
-    described = (await admin.describe_consumer_groups([name]))[0].to_object()["groups"][0]
+    # confluent-kafka's admin: ConsumerGroupDescribe for a KIP-848 group (aiokafka's
+    # DescribeGroups answers "Dead" without members for one), DescribeGroups for a classic one.
+    described = await asyncio.to_thread(describe, admin_client(kafka), name, 10.0)
     members = tuple(
         Member(
-            member["member_id"],
-            member["client_id"],
-            member["client_host"],
-            parse_assignment(member["member_assignment"]),
+            member.member_id,
+            member.client_id,
+            member.host,
+            tuple(
+                f"{tp.topic}[{tp.partition}]"
+                for tp in sorted(
+                    member.assignment.topic_partitions if member.assignment else [],
+                    key=lambda tp: (tp.topic, tp.partition),
+                )
+            ),
         )
-        for member in described["members"]
+        for member in described.members
     )
     owners = {part: member.member_id for member in members for part in member.partitions}
     partitions = [
@@ -223,7 +225,7 @@ async def _group(
                 lag_of(value, beginnings[tp], ends[tp]),
             )
         )
-    return GroupStatus(name, described["state"], members, tuple(rows))
+    return GroupStatus(name, state_name(described), members, tuple(rows))
 
 
 async def _topic_partitions(admin: AIOKafkaAdminClient) -> dict[str, list[int]]:
@@ -297,13 +299,21 @@ async def snapshot(
             app = stream.app_id
             groups = (
                 await _group(
+                    settings.kafka,
                     admin,
                     consumer,
                     f"{app}-normalize",
                     [topic.name for topic in stream.raw_topics],
                     known,
                 ),
-                await _group(admin, consumer, f"{app}-emit", [stream.repartition_topic], known),
+                await _group(
+                    settings.kafka,
+                    admin,
+                    consumer,
+                    f"{app}-emit",
+                    [stream.repartition_topic],
+                    known,
+                ),
             )
             changelogs: dict[str, int] = {}
             for table in (SEEN_TABLE, MARKS_TABLE):

@@ -31,6 +31,7 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka.client import AIOKafkaClient, CoordinationType
 from aiokafka.errors import KafkaError, for_code
@@ -280,22 +281,33 @@ class GroupView:
         return {tp: member for member, tps in self.owners.items() for tp in tps}
 
 
-def describe_group(admin: AdminClient, group_id: str, timeout_s: float = 5.0) -> GroupView:
-    """The members and current assignment of `group_id` (confluent-kafka's admin client:
-    ConsumerGroupDescribe for a KIP-848 group, DescribeGroups for a classic one). aiokafka's
-    DescribeGroups answers "Dead" for a KIP-848 group. A group with another protocol type
-    (Faust's own group) shows its members with no partitions."""
+def describe(admin: AdminClient, group_id: str, timeout_s: float = 5.0) -> Any:
+    """confluent-kafka's ConsumerGroupDescription of `group_id` (blocking)."""
     found = admin.describe_consumer_groups([group_id], request_timeout=timeout_s)
-    described = found[group_id].result(timeout=timeout_s)
-    kind = getattr(described, "type", None)
-    protocol = "consumer" if kind is not None and kind.name == "CONSUMER" else "classic"
-    state = {
+    return found[group_id].result(timeout=timeout_s)
+
+
+def state_name(described: Any) -> str:
+    """A description's state as Kafka names it (Stable, PreparingRebalance, ..., Empty)."""
+    name = str(described.state.name)
+    return {
         "STABLE": "Stable",
         "PREPARING_REBALANCING": "PreparingRebalance",
         "COMPLETING_REBALANCING": "CompletingRebalance",
         "EMPTY": "Empty",
         "DEAD": "Dead",
-    }.get(described.state.name, described.state.name.title())
+    }.get(name, name.title())
+
+
+def describe_group(admin: AdminClient, group_id: str, timeout_s: float = 5.0) -> GroupView:
+    """The members and current assignment of `group_id` (confluent-kafka's admin client:
+    ConsumerGroupDescribe for a KIP-848 group, DescribeGroups for a classic one). aiokafka's
+    DescribeGroups answers "Dead" for a KIP-848 group. A group with another protocol type
+    (Faust's own group) shows its members with no partitions."""
+    described = describe(admin, group_id, timeout_s)
+    kind = getattr(described, "type", None)
+    protocol = "consumer" if kind is not None and kind.name == "CONSUMER" else "classic"
+    state = state_name(described)
     owners: dict[str, list[tuple[str, int]]] = {}
     for member in described.members:
         assignment = member.assignment.topic_partitions if member.assignment else []

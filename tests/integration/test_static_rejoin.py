@@ -69,10 +69,10 @@ def test_a_killed_static_worker_restarted_under_its_id_processes_again_at_once(
     # the wait below, so only the removal of the stale member explains a rejoin in time.
     config = names.config(extra="session_timeout_s = 30")
     worker = Worker(kafka_bootstrap, config, tmp_path, env=ENV).start()
-    session_timeout_s = _session_timeout_s(kafka_bootstrap, f"{names.app_id}-emit")
-    assert session_timeout_s > PROCESSING_AGAIN_WITHIN_S  # else this shows nothing
     feed = _Feed(kafka_bootstrap, names.raw)
     try:
+        session_timeout_s = _session_timeout_s(kafka_bootstrap, f"{names.app_id}-emit")
+        assert session_timeout_s > PROCESSING_AGAIN_WITHIN_S  # else this shows nothing
         feed.start()
         worker.wait_metric("storage_events_emitted_total", 40, instance="default")
         worker.kill()  # SIGKILL: no goodbye, the group keeps its static members

@@ -3,8 +3,6 @@ screen and the worker's progress line."""
 
 from __future__ import annotations
 
-from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment
-
 from streams.status import (
     GroupStatus,
     InstanceStatus,
@@ -15,7 +13,6 @@ from streams.status import (
     WorkerStatus,
     emitted_totals,
     lag_of,
-    parse_assignment,
     progress_line,
     render,
 )
@@ -28,12 +25,6 @@ def test_lag_counts_from_the_commit_or_from_the_beginning() -> None:
     assert lag_of(None, 4, 10) == 6  # never committed: auto_offset_reset=earliest
     assert lag_of(2, 4, 10) == 6  # committed before what retention kept
     assert lag_of(10, 0, 10) == 0
-
-
-def test_a_members_assignment_is_decoded() -> None:
-    raw = ConsumerProtocolMemberAssignment(0, [("by-key", [1, 0])], b"").encode()
-    assert parse_assignment(raw) == ("by-key[0]", "by-key[1]")
-    assert parse_assignment(b"") == ()
 
 
 def test_emitted_totals_sum_per_instance() -> None:
