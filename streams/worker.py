@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -85,7 +84,11 @@ from streams.engine.batches import Batch
 from streams.engine.librdkafka.consumer import RdBatchLoop, consumer_config
 from streams.engine.librdkafka.group_config import configure_stage_groups
 from streams.engine.librdkafka.producer import RdRecordSender
-from streams.engine.librdkafka.transactions import MemberTransactions, PartitionsMoved
+from streams.engine.librdkafka.transactions import (
+    MemberTransactions,
+    PartitionsMoved,
+    fence_partition_ids,
+)
 from streams.engine.membership import Departure
 from streams.engine.offsets import adopt_committed_offsets
 from streams.engine.outcomes import DeadLetters
@@ -171,6 +174,12 @@ def _rd_consumer_config(group_id: str, member: str) -> dict[str, Any]:
         group_protocol=stream.group_protocol,
         session_timeout_s=stream.session_timeout_s,
     )
+
+
+def _fence_aiokafka_producers(assigned: set[TopicPartition]) -> None:
+    """streams.engine.librdkafka.transactions.fence_partition_ids for the emit member."""
+    partitions = {tp.partition for tp in assigned}
+    fence_partition_ids(settings.kafka, settings.stream.app_id, partitions)
 
 
 @dataclass(slots=True)
@@ -294,6 +303,7 @@ class Pipeline:
                 resume=(
                     transactions.resume if isinstance(transactions, MemberTransactions) else None
                 ),
+                fence=_fence_aiokafka_producers if transactions is not None else None,
                 kafka=settings.kafka,
             )
         else:
@@ -814,20 +824,6 @@ running: Pipeline | None = None
 """The worker's pipeline once started (aiokafka clients are made inside the event loop)."""
 
 
-COLLECTOR_THRESHOLDS = (50_000, 20, 100)
-"""The cyclic garbage collector's thresholds while the stages run (Python's: 700, 10, 10)."""
-
-
-def tune_collector() -> None:
-    """The stages allocate and free (by reference counting) millions of short-lived, acyclic
-    objects: at Python's thresholds the cyclic collector runs every 700 net allocations and
-    walks everything the worker holds (Faust, the clients, pydantic's schemas) every 70,000,
-    for nothing. Measured: 15-20% of the worker's CPU per delivery (BENCHMARKS.md). Start-up's
-    objects are frozen out of its sight; cycles made later are still collected."""
-    gc.freeze()
-    gc.set_threshold(*COLLECTOR_THRESHOLDS)
-
-
 @app.service
 class PipelineService(faust.Service):
     """Runs the two stages as long as the worker runs; a stage failing stops the worker."""
@@ -840,7 +836,6 @@ class PipelineService(faust.Service):
         if open_instances is not None:
             log.warning("%s", open_instances)
         running = Pipeline(self._stop_on_failure)
-        tune_collector()
         # SIGUSR1 = stop and leave the groups for good (in place of mode's stack dump).
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, running.departure.on_signal)
         await running.start()

@@ -136,6 +136,7 @@ class RdBatchLoop:
         release: Callable[[set[TopicPartition]], None] | None = None,
         drain: Callable[[], Awaitable[None]] | None = None,
         resume: Callable[[], None] | None = None,
+        fence: Callable[[set[TopicPartition]], None] | None = None,
         kafka: KafkaSettings | None = None,
     ) -> None:
         self.name = name
@@ -149,6 +150,9 @@ class RdBatchLoop:
         """Called with the partitions kept after a revoke or loss (their state stays open)."""
         self.drain = drain
         self.resume = resume
+        self.fence = fence
+        """Called (in the poll thread, blocking) with newly assigned partitions before their
+        committed offsets are read: fences their previous writers (engine upgrades)."""
         self.kafka = kafka
         """The connection for removing a killed predecessor's static member (`_poll`)."""
         """Called once the member rewound after PartitionsMoved (the transactions commit again)."""
@@ -209,6 +213,8 @@ class RdBatchLoop:
 
     def _on_assign(self, consumer: Consumer, partitions: list[RdTopicPartition]) -> None:
         assigned = {_tp(partition) for partition in partitions}
+        if assigned and self.fence is not None:
+            self.fence(assigned)
         if assigned:
             try:  # waits for transactions still open on them (require_stable)
                 consumer.committed(partitions, timeout=CALL_TIMEOUT_S)

@@ -27,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,15 +90,20 @@ MOVED = frozenset(
 
 
 class _Txn:
-    """A transactional producer whose blocking calls each run on a daemon thread of their
-    own: never the event loop's shared pool, which a call librdkafka does not return from
+    """A transactional producer and the daemon thread its blocking calls run on, one after
+    another: never the event loop's shared pool, which a call librdkafka does not return from
     would hold, and which the interpreter waits for at exit."""
 
     def __init__(self, producer: Producer, name: str) -> None:
         self.producer = producer
-        self.name = name
         self.stuck = False
-        """A call did not return in time: the producer is given up."""
+        """A call did not return in time: the producer and its thread are given up."""
+        self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            self._calls.get()()
 
     async def call(self, what: str, call: Callable[[float], Any], timeout_s: float) -> Any:
         """`call(timeout_s)` off the loop; KafkaException(_TIMED_OUT) if it has not returned
@@ -120,7 +127,7 @@ class _Txn:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
                 loop.call_soon_threadsafe(settle, result, error)
 
-        threading.Thread(target=run, name=f"{self.name}-{what}", daemon=True).start()
+        self._calls.put(run)
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout_s + STUCK_MARGIN_S)
         except TimeoutError:
@@ -132,6 +139,44 @@ class _Txn:
                     "(librdkafka#5456): replacing the transactional producer",
                 )
             ) from None
+
+
+FENCE_TIMEOUT_S = 10.0
+
+
+def fence_partition_ids(kafka: KafkaSettings, app_id: str, partitions: Iterable[int]) -> None:
+    """Initialise and let go the aiokafka engine's transactional ids of `partitions`
+    (`<app_id>-emit-<partition>`, streams.engine.aio.transactions), before this member reads
+    their committed offsets. After an upgrade from that engine (or during a rolling one) a
+    transaction an aiokafka worker left open on them, killed or frozen, is aborted at once and
+    that worker fenced: nothing else fences it (its commits carry no group generation), and
+    the committed-offset read would wait out its timeout (63-70 s measured,
+    tests/integration/test_engine_upgrade.py). Blocking, a thread per partition: the poll
+    thread calls it in the assignment callback. A failure is logged, not raised."""
+
+    def fence(partition: int) -> None:
+        transactional_id = f"{app_id}-emit-{partition}"
+        producer = Producer(
+            producer_config(
+                kafka, f"{transactional_id}-fence", **{"transactional.id": transactional_id}
+            )
+        )
+        try:
+            producer.init_transactions(FENCE_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning(
+                "fencing the aiokafka engine's producer %s failed: %s", transactional_id, exc
+            )
+
+    threads = [
+        threading.Thread(target=fence, args=(partition,), name=f"fence-{partition}", daemon=True)
+        for partition in sorted(partitions)
+    ]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + FENCE_TIMEOUT_S + STUCK_MARGIN_S
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class PartitionsMoved(Exception):
