@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from support.feed import Feed
 from support.kafka_io import produce, raw, read_topic
 from support.payloads import s3_body, s3_record
 from support.worker import Topology, Worker, wait_for
@@ -58,26 +58,6 @@ def test_the_librdkafka_engine_emits_once_and_never_retries_not_enough_replicas(
     log = _log(worker)
     assert "emit: assigned" in log  # the engine's member, not aiokafka's
     assert not re.search(r"NotEnoughReplicas|NOT_ENOUGH_REPLICAS", log, re.IGNORECASE)
-
-
-class _Feed(threading.Thread):
-    """Deliveries of fresh keys at a steady pace until stopped (load, not timing)."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        super().__init__(daemon=True)
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-        self.topic = topic
-        self.sent: list[str] = []
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(0.025):
-            key = f"feed/{len(self.sent)}.txt"
-            value, headers = _delivery(key, len(self.sent) + 1)
-            self.producer.produce(self.topic, value, key=key.encode(), headers=headers)
-            self.producer.poll(0)
-            self.sent.append(key)
-        self.producer.flush(30)
 
 
 def _by_key_partition(key: str) -> int:
@@ -137,7 +117,7 @@ def test_a_partition_moves_to_a_second_worker_while_the_first_keeps_emitting_the
     second = Worker(
         kafka_bootstrap, config, tmp_path / "b", env={**env, "STREAMS_GROUP_INSTANCE_ID": "b"}
     )
-    feed = _Feed(kafka_bootstrap, names.raw)
+    feed = Feed(kafka_bootstrap, names.raw, "feed")
     try:
         feed.start()
         first.wait_metric("storage_events_emitted_total", 40, instance="default")

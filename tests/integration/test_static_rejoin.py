@@ -10,16 +10,14 @@ with nothing lost or emitted twice around the kill."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
-from support.kafka_io import raw, read_topic
-from support.payloads import s3_body, s3_record
+from support.feed import Feed
+from support.kafka_io import read_topic
 from support.worker import Topology, Worker, wait_for
 
 pytestmark = pytest.mark.kafka
@@ -31,26 +29,6 @@ ENV = {
     "STREAMS_GROUP_INSTANCE_ID": INSTANCE_ID,
 }
 PROCESSING_AGAIN_WITHIN_S = 15.0
-
-
-class _Feed(threading.Thread):
-    """Deliveries of fresh keys at a steady pace until stopped (load, not timing)."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        super().__init__(daemon=True)
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-        self.topic = topic
-        self.sent: list[str] = []
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        while not self.stopped.wait(0.025):
-            key = f"rejoin/{len(self.sent)}.txt"
-            value, headers = raw(s3_body(s3_record(key, f"{len(self.sent) + 1:016X}")), "s3")
-            self.producer.produce(self.topic, value, key=key.encode(), headers=headers)
-            self.producer.poll(0)
-            self.sent.append(key)
-        self.producer.flush(30)
 
 
 def _session_timeout_s(bootstrap: str, group: str) -> float:
@@ -69,7 +47,7 @@ def test_a_killed_static_worker_restarted_under_its_id_processes_again_at_once(
     # the wait below, so only the removal of the stale member explains a rejoin in time.
     config = names.config(extra="session_timeout_s = 30")
     worker = Worker(kafka_bootstrap, config, tmp_path, env=ENV).start()
-    feed = _Feed(kafka_bootstrap, names.raw)
+    feed = Feed(kafka_bootstrap, names.raw, "rejoin")
     try:
         session_timeout_s = _session_timeout_s(kafka_bootstrap, f"{names.app_id}-emit")
         assert session_timeout_s > PROCESSING_AGAIN_WITHIN_S  # else this shows nothing

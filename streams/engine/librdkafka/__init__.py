@@ -13,9 +13,11 @@ package only moves records between Kafka and those handlers:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
+from typing import Any
 
 from streams.logs import EVERY_S
 
@@ -53,6 +55,17 @@ class _LineRepeatFilter(logging.Filter):
             text = f"{text} (and {dropped} more like it in {now - passed_at:.0f} s)"
         record.msg, record.args = text, ()
         return True
+
+
+def settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """Resolve `future` (on its loop, from a callback a client's thread scheduled there) with
+    `result` or `error`, unless it is done already (cancelled, or timed out)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 def librdkafka_log() -> logging.Logger:

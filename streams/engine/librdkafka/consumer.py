@@ -45,7 +45,7 @@ from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as RdTopicPartition
 
 from streams.engine.batches import Batch, StageMeter
-from streams.engine.librdkafka import librdkafka_log
+from streams.engine.librdkafka import librdkafka_log, settle
 from streams.engine.membership import remove_predecessor
 from streams.kafka_settings import KafkaSettings
 
@@ -352,9 +352,9 @@ class RdBatchLoop:
             try:
                 result = command()
             except BaseException as exc:
-                self._loop.call_soon_threadsafe(_settle, future, None, exc)
+                self._loop.call_soon_threadsafe(settle, future, None, exc)
             else:
-                self._loop.call_soon_threadsafe(_settle, future, result, None)
+                self._loop.call_soon_threadsafe(settle, future, result, None)
 
     async def _do(self, command: Callable[[], Result]) -> Result:
         """Run `command` (a call on the consumer) in the poll thread; its result."""
@@ -600,15 +600,6 @@ class RdBatchLoop:
         self._wake.set()
         if self._closed is not None:
             await self._closed
-
-
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
 
 
 def _seek(consumer: Consumer, partition: RdTopicPartition) -> Callable[[], None]:

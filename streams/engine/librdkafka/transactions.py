@@ -43,6 +43,7 @@ from streams import metrics
 from streams.core.records import OutRecord
 from streams.engine import failpoints
 from streams.engine.aio.transactions import RecordsRefused
+from streams.engine.librdkafka import settle
 from streams.engine.librdkafka.producer import (
     Round,
     acknowledgements,
@@ -111,21 +112,13 @@ class _Txn:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
 
-        def settle(result: Any, error: BaseException | None) -> None:
-            if future.done():
-                return
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(result)
-
         def run() -> None:
             try:
                 result, error = call(timeout_s), None
             except BaseException as exc:
                 result, error = None, exc
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(settle, result, error)
+                loop.call_soon_threadsafe(settle, future, result, error)
 
         self._calls.put(run)
         try:
