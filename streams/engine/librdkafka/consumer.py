@@ -1,4 +1,4 @@
-"""A stage's group member on librdkafka: streams.engine.batches.BatchLoop's contract,
+"""A stage's group member on librdkafka: streams.engine.aio.consumer.BatchLoop's contract,
 incrementally.
 
 A dedicated thread drives the confluent_kafka.Consumer: `consume(max_records, within)`
@@ -88,8 +88,8 @@ def consumer_config(
     session_timeout_s: float,
 ) -> dict[str, Any]:
     """librdkafka properties of a stage member. With `group.protocol=consumer` the session
-    timeout and assignor are the broker's (group.consumer.session.timeout.ms); librdkafka
-    refuses them client-side."""
+    timeout, heartbeat and assignor are the group's (librdkafka refuses them client-side):
+    streams.engine.librdkafka.group_config sets the first two."""
     config: dict[str, Any] = {
         **connection,
         "client.id": client_id,
@@ -150,12 +150,12 @@ class RdBatchLoop:
         """Called with the partitions kept after a revoke or loss (their state stays open)."""
         self.drain = drain
         self.resume = resume
+        """Called once the member rewound after PartitionsMoved (the transactions commit again)."""
         self.fence = fence
         """Called (in the poll thread, blocking) with newly assigned partitions before their
         committed offsets are read: fences their previous writers (engine upgrades)."""
         self.kafka = kafka
         """The connection for removing a killed predecessor's static member (`_poll`)."""
-        """Called once the member rewound after PartitionsMoved (the transactions commit again)."""
         self._config = {**config, "error_cb": self._error, "logger": librdkafka_log()}
         self.consumer = Consumer(self._config)
         self.lock = asyncio.Lock()
