@@ -155,6 +155,10 @@ def test_health_follows_kafka_and_an_outage_logs_a_bounded_number_of_lines(
     # Before: ~180 ERROR lines a second from the worker, ~25 from the bridge. Now one per
     # logger and cause every 5 s: a handful of causes over ~25 s.
     worker_errors, bridge_errors = errors(outage_worker), errors(outage_bridge)
+    print(
+        f"\nan outage of {OUTAGE_S:.0f} s: {len(worker_errors)} ERROR lines from the worker, "
+        f"{len(bridge_errors)} from the bridge"
+    )
     assert len(worker_errors) <= 40, "\n".join(worker_errors)
     assert len(bridge_errors) <= 20, "\n".join(bridge_errors)
     assert len(outage_worker.splitlines()) <= 150, outage_worker[-4000:]

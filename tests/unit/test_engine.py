@@ -87,11 +87,23 @@ def test_librdkafka_lines_repeat_once_per_cause_not_once_per_template() -> None:
         for _ in range(3):  # as confluent-kafka logs: one template for every line
             logger.error("%s [%s] %s", "FAIL", "c#consumer-1", "Connect to 127.0.0.1:1 failed")
         logger.error("%s [%s] %s", "GETPID", "c#producer-2", "Not coordinator: retrying")
+        # One cause from every client, thread and broker handle while a broker is away.
+        for client in ("app-emit#consumer-2", "app-normalize#consumer-1", "app-sender#producer-4"):
+            for handle in ("127.0.0.1:9092/bootstrap", "127.0.0.1:9092/1"):
+                logger.error(
+                    "%s [%s] %s",
+                    "FAIL",
+                    client,
+                    f"[thrd:{handle}]: {handle}: Connect to ipv4#127.0.0.1:9092 failed: "
+                    "Connection refused (after 0ms in state CONNECT)",
+                )
     finally:
         logger.removeHandler(handler)
     assert seen == [
         "FAIL [c#consumer-1] Connect to 127.0.0.1:1 failed",
         "GETPID [c#producer-2] Not coordinator: retrying",
+        "FAIL [app-emit#consumer-2] [thrd:127.0.0.1:9092/bootstrap]: 127.0.0.1:9092/bootstrap: "
+        "Connect to ipv4#127.0.0.1:9092 failed: Connection refused (after 0ms in state CONNECT)",
     ]
 
 

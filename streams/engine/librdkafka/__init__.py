@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -22,14 +23,28 @@ from typing import Any
 from streams.logs import EVERY_S
 
 LIBRDKAFKA_LOGGER = "streams.engine.librdkafka"
+_VARYING = re.compile(
+    r"\[[^\]\s]*#(?:producer|consumer)-\d+\]"  # the client: [<client.id>#consumer-2]
+    r"|\[thrd:[^\]]*\]"  # the librdkafka thread
+    r"|(?<=: )[^\s:]+(?::\d+)?/(?:bootstrap|\d+): "  # the broker handle: 127.0.0.1:9092/1:
+    r"|(?<=: )(?:Group|Txn)Coordinator(?:: [^\s:]+:\d+)?: "  # a coordinator's handle
+    r"|\(after \d+ms in state \w+(?:, \d+ identical error\(s\) suppressed)?\)"  # timings
+)
+"""What differs between lines of one cause: several clients (sender, consumers, transactional
+producers) and threads each report a broker away in their own words."""
 MAX_LINES = 1000
 """Distinct lines remembered for the repeat filter."""
 
 
+def cause_of(line: str) -> str:
+    """A librdkafka line without what varies between clients, threads and reconnects."""
+    return _VARYING.sub("", line)
+
+
 class _LineRepeatFilter(logging.Filter):
-    """streams.logs.RepeatFilter's policy by the whole line: confluent-kafka logs every
-    librdkafka line through one template (`"%s [%s] %s"`), so the template says nothing; and
-    librdkafka logs from several threads at once (hence the lock)."""
+    """streams.logs.RepeatFilter's policy by the line's cause (`cause_of`): confluent-kafka
+    logs every librdkafka line through one template (`"%s [%s] %s"`), so the template says
+    nothing; and librdkafka logs from several threads at once (hence the lock)."""
 
     def __init__(self, every_s: float = EVERY_S) -> None:
         super().__init__()
@@ -43,14 +58,15 @@ class _LineRepeatFilter(logging.Filter):
         except Exception:  # a malformed record is not ours to fix
             return True
         now = time.monotonic()
+        cause = cause_of(text)
         with self._lock:
-            passed_at, dropped = self._seen.get(text, (-self.every_s, 0))
+            passed_at, dropped = self._seen.get(cause, (-self.every_s, 0))
             if now - passed_at < self.every_s:
-                self._seen[text] = (passed_at, dropped + 1)
+                self._seen[cause] = (passed_at, dropped + 1)
                 return False
             if len(self._seen) >= MAX_LINES:  # lines with timings in them never repeat
                 self._seen.clear()
-            self._seen[text] = (now, 0)
+            self._seen[cause] = (now, 0)
         if dropped:
             text = f"{text} (and {dropped} more like it in {now - passed_at:.0f} s)"
         record.msg, record.args = text, ()
