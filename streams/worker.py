@@ -12,9 +12,10 @@ itself (BENCHMARKS.md).
 
 Guarantees: `normalize` commits its input offsets after Kafka acknowledged the batch's keyed
 and dead-letter records (at least once; a repeat is a duplicate the emit stage drops).
-`emit` with `exactly_once` (the default) commits each input partition's outputs, changelog
-records and offsets in one transaction (streams.engine.aio.transactions); with `at_least_once` it
-writes outputs, then the changelog, then commits.
+`emit` with `exactly_once` (the default) commits a batch's outputs, changelog records and
+offsets in one transaction (per emit member, exactly-once v2: streams.engine.librdkafka.
+transactions; per input partition on the aiokafka engine: streams.engine.aio.transactions);
+with `at_least_once` it writes outputs, then the changelog, then commits.
 
 No record stops a stage: one Kafka refuses (too large for its topic) is replaced by a dead
 letter of the input it came from (the delivery in `normalize`, the keyed record in `emit`,
