@@ -46,6 +46,7 @@ STAGES = ("normalize", "emit")
 class Member:
     member_id: str
     client_id: str
+    """Its group instance id when static (KIP-848 member ids are random: the name to show)."""
     host: str
     partitions: tuple[str, ...]
     """`topic[partition]` it owns."""
@@ -190,7 +191,7 @@ async def _group(
     members = tuple(
         Member(
             member.member_id,
-            member.client_id,
+            member.group_instance_id or member.client_id,
             member.host,
             tuple(
                 f"{tp.topic}[{tp.partition}]"
@@ -382,9 +383,14 @@ def _tag(member_id: str | None) -> str:
     return member_id
 
 
-def _name(member_id: str) -> str:
-    """The member id without its UUID: the client id or the group instance id."""
-    return member_id[:-37] if len(member_id) > 37 and member_id[-37] == "-" else member_id
+def _name(member: Member) -> str:
+    """Who the member is: its member id without the UUID a classic member id ends with (the
+    client id or the group instance id), else (KIP-848: a random id) its client id or group
+    instance id."""
+    member_id = member.member_id
+    if len(member_id) > 37 and member_id[-37] == "-":
+        return member_id[:-37]
+    return member.client_id
 
 
 def _restore(stages: Mapping[str, Any], now: float) -> str:
@@ -415,8 +421,7 @@ def render(snap: Snapshot) -> str:
         for member in group.members:
             owned = " ".join(member.partitions) or "nothing"
             lines.append(
-                f"  member {_tag(member.member_id)} {_name(member.member_id)} "
-                f"{member.host}: {owned}"
+                f"  member {_tag(member.member_id)} {_name(member)} {member.host}: {owned}"
             )
         lines.append(f"  {'partition':<40} {'owner':<10} {'committed':>12} {'end':>12} {'lag':>10}")
         for row in group.partitions:

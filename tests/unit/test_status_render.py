@@ -107,3 +107,17 @@ def test_the_progress_line_covers_the_time_since_the_previous_one() -> None:
         "progress over 60 s: normalize 2.0 records/s, lag 0; emit 1.0 records/s, lag ?; "
         "dead letters 3 (+2)"
     )
+
+
+def test_a_kip_848_member_is_shown_by_its_client_or_instance_id() -> None:
+    """KIP-848 member ids are random (no client id in them): the name shown is the client id,
+    or the group instance id of a static member, as the status command's describe gives it."""
+    kip848 = "Wg9e+fpfSpOhVlYfULX8nQ"
+    group = GroupStatus(
+        "app-emit",
+        "Stable",
+        (Member(kip848, "worker-0-emit", "/10.0.0.7", ("by-key[0]",)),),
+        (PartitionLag("by-key", 0, kip848, 5, 5, 0),),
+    )
+    screen = render(Snapshot("kafka:9092", 1_800_000_100.0, (group,), {}, (), ()))
+    assert f"member {kip848} worker-0-emit /10.0.0.7: by-key[0]" in screen
