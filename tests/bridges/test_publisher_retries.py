@@ -16,9 +16,10 @@ import logging
 import uuid
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from benchmarks.webhook import records_on
 from connectors.publisher import RawPublisher, raw_headers
 
 pytestmark = pytest.mark.kafka
@@ -45,16 +46,6 @@ async def create_topic(bootstrap: str, topic: str) -> None:
             await producer.send_and_wait(topic, b"ready", partition=partition)
     finally:
         await producer.stop()
-
-
-async def records_on(bootstrap: str, topic: str) -> int:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-    await consumer.start()
-    try:
-        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in range(PARTITIONS)])
-        return sum(ends.values())
-    finally:
-        await consumer.stop()
 
 
 def test_publishes_log_no_retried_produce_error(

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import ConsumerRecord, RecordMetadata
+from support.kafka_io import committed as committed  # shared with the worker tests
 
 from fileevents import FileEvents
 from streams.core.event import FileEvent
@@ -157,17 +158,6 @@ async def produce_aborted(bootstrap: str, topic: str, events: Sequence[FileEvent
         await producer.abort_transaction()
     finally:
         await producer.stop()
-
-
-async def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    """partition -> the group's committed offset, for the partitions it committed."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(group)
-    finally:
-        await admin.close()
-    return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
 
 
 async def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import ConsumerGroupType
 from confluent_kafka.admin import AdminClient
-from support.kafka_io import Read, produce, raw, read_topic
+from support.kafka_io import Read, committed, produce, raw, read_topic
 from support.payloads import s3_body, s3_record
 from support.worker import Topology, Worker
 
@@ -154,18 +154,6 @@ asyncio.run(main(args[0], args[1], args[2], args[3], int(args[4]), int(args[5]),
 """
 
 
-async def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        offsets = await admin.list_consumer_group_offsets(group)
-    finally:
-        await admin.close()
-    return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
-
-
 @pytest.mark.slow
 def test_a_transaction_the_aiokafka_engine_left_open_is_fenced_not_applied(
     kafka_bootstrap: str, tmp_path: Path
@@ -181,8 +169,8 @@ def test_a_transaction_the_aiokafka_engine_left_open_is_fenced_not_applied(
     worker = _deployment(kafka_bootstrap, names, tmp_path, "aiokafka")
     first = _first_life(kafka_bootstrap, names, worker, kill=True)
     repartition = f"{names.app_id}.by-key"
-    committed = asyncio.run(_committed(kafka_bootstrap, f"{names.app_id}-emit", repartition))
-    partition, offset = max(committed.items())
+    offsets = asyncio.run(committed(kafka_bootstrap, f"{names.app_id}-emit", repartition))
+    partition, offset = max(offsets.items())
     # What the killed worker's last transaction left: outputs written, offsets sent, no end.
     opened = subprocess.run(
         [

@@ -106,3 +106,16 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
         return sorted(records, key=lambda read: (read.partition, read.offset))
     finally:
         await consumer.stop()
+
+
+async def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    """partition -> the group's committed offset, for the partitions it committed."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
