@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,25 @@ class WorkerProcess:
         except OSError:
             return False
 
+    def why_not_ready(self, log_lines: int = 40) -> str:
+        """What `/ready` answers now (or why it does not), and the log's last lines: what a
+        run that gave up waiting prints, since its directory may be gone when it is read."""
+        url = f"http://127.0.0.1:{self.env['STREAMS_WEB_PORT']}/ready"
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                answer = f"{response.status} {response.read().decode(errors='replace')}"
+        except urllib.error.HTTPError as exc:
+            answer = f"{exc.code} {exc.read().decode(errors='replace')}"
+        except OSError as exc:
+            answer = f"no answer ({exc})"
+        try:
+            tail = self.log.read_text(errors="replace").splitlines()[-log_lines:]
+        except OSError:
+            tail = ["(no log)"]
+        return f"/ready: {answer}\nthe last {len(tail)} lines of {self.log}:\n" + "\n".join(
+            line[:300] for line in tail
+        )
+
     def wait_ready(self, timeout_s: float = 180, allow_exit: bool = False) -> None:
         """Wait for `/ready`; a worker that exits first is an error, unless `allow_exit` (a
         failpoint may kill it before it is ready: a crash, not a hang)."""
@@ -106,7 +126,7 @@ class WorkerProcess:
             if self.ready():
                 return
             time.sleep(0.05)
-        raise SystemExit(f"worker not ready after {timeout_s:.0f} s; see {self.log}")
+        raise SystemExit(f"worker not ready after {timeout_s:.0f} s\n{self.why_not_ready()}")
 
     def kill(self) -> None:
         assert self.process is not None

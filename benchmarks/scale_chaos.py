@@ -124,7 +124,11 @@ class Fleet:
         while not all(self.workers[name].ready() for name in names):
             self.check()
             if time.monotonic() > deadline:
-                raise SystemExit(f"{names} not ready after {timeout_s:.0f} s")
+                waiting = [name for name in names if not self.workers[name].ready()]
+                raise SystemExit(
+                    f"{names} not ready after {timeout_s:.0f} s\n"
+                    + "\n".join(f"{name}: {self.workers[name].why_not_ready()}" for name in waiting)
+                )
             time.sleep(0.1)
         return time.monotonic() - began
 

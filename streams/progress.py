@@ -98,11 +98,21 @@ class Progress:
         log.warning("%s stage cannot make progress: %s%s", stage, why, again)
 
     def recovered(self, stage: str, who: object = None) -> None:
+        """The write `who` of `stage` went through."""
+        self._end(stage, who, "makes progress again after")
+
+    def given_up(self, stage: str, who: object = None) -> None:
+        """The write `who` of `stage` ended without going through (its partitions moved, it
+        raised, the worker stops): its trouble ends with it, or /ready would name it for good
+        while the stage carries on. Nothing if it reported none, or `recovered` came first."""
+        self._end(stage, who, "no longer waits on a write in trouble (given up) after")
+
+    def _end(self, stage: str, who: object, words: str) -> None:
         trouble = self._troubles.pop((stage, who), None)
         if trouble is None or any(key[0] == stage for key in self._troubles):
             return
         metrics.STAGE_STUCK.labels(stage).set(0)
-        log.info("%s stage makes progress again after %.1f s", stage, self._clock() - trouble.since)
+        log.info("%s stage %s %.1f s", stage, words, self._clock() - trouble.since)
         for key in [key for key in self._logged if key[0] == stage]:
             del self._logged[key]
 

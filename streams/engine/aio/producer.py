@@ -234,10 +234,18 @@ class RecordSender:
         """Send every record; once all are acknowledged, say where each partition's went and
         which records Kafka refused (`replace`, else the sender's default, said what to write
         instead). `stage` names who waits, for the log and `/ready`."""
-        sent = Sent()
         if not records:
-            return sent
+            return Sent()
         who = object()  # this call, among the stage's writes waiting at once
+        try:
+            return await self._send(records, stage, replace, who)
+        finally:
+            self.progress.given_up(stage, who)  # raised (Stopping, cancelled): no trouble left
+
+    async def _send(
+        self, records: Sequence[OutRecord], stage: str, replace: Replace | None, who: object
+    ) -> Sent:
+        sent = Sent()
         unplaced: list[OutRecord] = list(records)
         pending: dict[tuple[str, int], _Pending] = {}
         delay = 0.2

@@ -179,6 +179,14 @@ class PartitionTransactions:
     ) -> Result:
         """`attempt` until Kafka takes it, with a new producer and a growing pause after each
         failure; a fenced producer is raised."""
+        try:
+            return await self._attempts(partition, what, attempt)
+        finally:
+            self.progress.given_up("emit", partition)  # fenced, stopping: no trouble left
+
+    async def _attempts(
+        self, partition: int, what: str, attempt: Callable[[], Awaitable[Result]]
+    ) -> Result:
         delay = 0.2
         while True:
             self.progress.check()

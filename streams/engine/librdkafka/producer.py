@@ -264,10 +264,18 @@ class RdRecordSender:
     ) -> Sent:
         """Send every record; once all are acknowledged, say where each partition's went and
         which records Kafka refused (and what was written instead)."""
-        sent = Sent()
         if not records:
-            return sent
-        who = object()
+            return Sent()
+        who = object()  # this call, among the stage's writes waiting at once
+        try:
+            return await self._send(records, stage, replace, who)
+        finally:
+            self.progress.given_up(stage, who)  # raised (Stopping, cancelled): no trouble left
+
+    async def _send(
+        self, records: Sequence[OutRecord], stage: str, replace: Replace | None, who: object
+    ) -> Sent:
+        sent = Sent()
         waiting = _Waiting(list(records))
         delay = 0.2
         while waiting.records or waiting.single:

@@ -331,7 +331,15 @@ class MemberTransactions:
 
     async def _transact(self, requests: list[_Request]) -> None:
         """Commit `requests` together; resolve each with its acknowledgements, or its error."""
-        who = object()
+        who = object()  # this call, among the stage's writes waiting at once
+        try:
+            await self._attempts(requests, who)
+        finally:
+            # Moved, refused, stopping: the attempts ended, and any trouble they reported
+            # with them (a transaction slowed by a freeze, then moved, left /ready at 503).
+            self.progress.given_up("emit", who)
+
+    async def _attempts(self, requests: list[_Request], who: object) -> None:
         delay = 0.2
         while True:
             self.progress.check()

@@ -1,0 +1,105 @@
+"""A write that reported trouble (slow: not acknowledged after SLOW_WRITE_S) and then ended
+without going through (its partitions moved, its producer fenced, the worker stopping) leaves
+no trouble behind: /ready names a stage only while one of its writes still waits.
+
+Found by the scale-out chaos run in CI: a worker frozen (SIGSTOP) past its session timeout
+resumed with an emit transaction slowed by the freeze, which then failed because the group
+had moved on (PartitionsMoved). The worker carried on, but the slow write's trouble stayed,
+and `/ready` answered 503 for good ("['w2'] not ready after 180 s").
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka.errors import ProducerFenced
+
+from streams import progress as progress_module
+from streams.engine.aio.transactions import PartitionTransactions
+from streams.engine.librdkafka import transactions as rd_transactions
+from streams.progress import Progress, Stopping
+
+SLOW_S = 0.05
+
+
+@pytest.fixture(autouse=True)
+def quick_slow_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress_module, "SLOW_WRITE_S", SLOW_S)
+
+
+def test_a_slow_librdkafka_transaction_that_moved_leaves_no_trouble(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    progress = Progress()
+    txns = rd_transactions.MemberTransactions("127.0.0.1:1", "app", "w0", lambda: None, progress)
+    seen_in_trouble: list[bool] = []
+
+    async def slow_then_moved(requests: object) -> None:
+        await asyncio.sleep(SLOW_S * 4)  # reported slow meanwhile
+        seen_in_trouble.append(progress.in_trouble("emit"))
+        raise rd_transactions._Moved("UNKNOWN_MEMBER_ID: the group moved on")
+
+    monkeypatch.setattr(txns, "_once", slow_then_moved)
+
+    async def scenario() -> None:
+        with pytest.raises(rd_transactions.PartitionsMoved):
+            await txns.commit(0, [], {})
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert seen_in_trouble == [True]  # the slow write was reported ...
+    assert not progress.in_trouble("emit")  # ... and its trouble ended with it
+    assert progress.stuck() == {}
+
+
+def test_a_librdkafka_transaction_given_up_on_stopping_leaves_no_trouble(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    progress = Progress()
+    txns = rd_transactions.MemberTransactions("127.0.0.1:1", "app", "w0", lambda: None, progress)
+
+    async def slow_then_stopping(requests: object) -> None:
+        await asyncio.sleep(SLOW_S * 4)
+        progress.stop()
+        raise Stopping("the worker is stopping")
+
+    monkeypatch.setattr(txns, "_once", slow_then_stopping)
+
+    async def scenario() -> None:
+        with pytest.raises(Stopping):
+            await txns.commit(0, [], {})
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert not progress.in_trouble("emit")
+
+
+def test_a_slow_aiokafka_transaction_whose_producer_was_fenced_leaves_no_trouble() -> None:
+    progress = Progress()
+    txns = PartitionTransactions("127.0.0.1:1", "app", "app-emit", progress)
+    seen_in_trouble: list[bool] = []
+
+    async def slow_then_fenced() -> None:
+        await asyncio.sleep(SLOW_S * 4)
+        seen_in_trouble.append(progress.in_trouble("emit"))
+        raise ProducerFenced()
+
+    async def scenario() -> None:
+        with pytest.raises(ProducerFenced):
+            await txns._retrying(3, "a transaction", slow_then_fenced)
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert seen_in_trouble == [True]
+    assert not progress.in_trouble("emit")
+
+
+def test_a_write_that_recovered_is_not_given_up_again(caplog: pytest.LogCaptureFixture) -> None:
+    """`given_up` after `recovered` is nothing: one line, the recovery."""
+    progress = Progress()
+    progress.trouble("emit", "slow", "a transaction: not acknowledged", who=1)
+    caplog.clear()
+    with caplog.at_level("INFO", "streams.progress"):
+        progress.recovered("emit", who=1)
+        progress.given_up("emit", who=1)
+    assert [record.getMessage().split(" after ")[0] for record in caplog.records] == [
+        "emit stage makes progress again"
+    ]
