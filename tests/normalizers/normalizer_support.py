@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from streams.core.delivery import Delivery
 from streams.core.event import FileEvent
 from streams.core.normalizers.base import MalformedDelivery, Normalizer
+from streams.core.records import event_json
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -137,6 +138,8 @@ def outcome(source: str, delivery: Delivery | Any) -> list[str] | str:
         # skip it (FileEvent.from_checked) must have checked what it checks.
         validated = FileEvent(**dict(event))
         assert validated == event and validated.model_dump_json() == event.model_dump_json()
+        # The per-event writer (orjson) writes what pydantic would.
+        assert event_json(event) == event.model_dump_json().encode()
         assert event.time is None or event.time.tzinfo is UTC
     return [event.id for event in events]
 

@@ -32,7 +32,7 @@ VALUES: dict[str, Any] = {
 }
 
 # Every normalizer that builds its events with from_checked.
-CHECKED_SOURCES = ("s3", "minio", "eventbridge")
+CHECKED_SOURCES = ("s3", "minio", "eventbridge", "gcs")
 
 
 def assert_same_event(checked: FileEvent, validated: FileEvent) -> None:

@@ -6,12 +6,15 @@ import json
 from datetime import UTC, datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from streams.core.event import FileEvent
 from streams.core.records import (
     RawRecord,
     dead_letter_record,
     delivery_from_raw,
+    event_json,
     headers_dict,
     keyed_output_record,
     keyed_record,
@@ -164,3 +167,63 @@ def test_headers_dict_last_value_wins() -> None:
     assert headers_dict([("a", b"1"), ("b", b"2"), ("a", b"3")]) == {"a": b"3", "b": b"2"}
     assert headers_dict(None) == {}
     assert headers_dict({"a": b"1"}) == {"a": b"1"}
+
+
+_json_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers()  # beyond 64 bits too: pydantic writes those
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
+_raw = st.dictionaries(
+    st.text(),
+    st.recursive(
+        _json_leaves,
+        lambda children: (
+            st.lists(children, max_size=3)
+            | st.dictionaries(st.text(max_size=6), children, max_size=3)
+        ),
+        max_leaves=12,
+    ),
+    max_size=4,
+)
+_optional_text = st.none() | st.text()
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(
+    id=st.text(min_size=1),
+    key=st.text(),
+    bucket=_optional_text,
+    size=st.none() | st.integers(min_value=0, max_value=2**63),
+    etag=_optional_text,
+    time=st.none() | st.datetimes(timezones=st.just(UTC)),
+    sequencer=_optional_text,
+    raw=st.none() | _raw,
+)
+def test_event_json_writes_what_pydantic_writes(
+    id: str,
+    key: str,
+    bucket: str | None,
+    size: int | None,
+    etag: str | None,
+    time: datetime | None,
+    sequencer: str | None,
+    raw: dict[str, object] | None,
+) -> None:
+    """The per-event writer (orjson, pydantic's writer where orjson refuses) gives the bytes
+    `model_dump_json` gives, whatever the strings, numbers and nesting of the values."""
+    event = FileEvent(
+        id=id,
+        type="created",
+        key=key,
+        bucket=bucket,
+        size=size,
+        etag=etag,
+        time=time,
+        sequencer=sequencer,
+        provider="s3",
+        raw=raw,
+    )
+    assert event_json(event) == event.model_dump_json().encode()
