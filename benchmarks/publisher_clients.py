@@ -50,18 +50,16 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any, Protocol, cast
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka import libversion as librdkafka_version
 
 from benchmarks.harness import bootstrap_servers, kafka_settings
-from benchmarks.webhook import REQUEST_HEADERS, minio_body
+from benchmarks.webhook import PARTITIONS, REQUEST_HEADERS, minio_body, records_on
 from connectors.publisher import RawPublisher, producer_settings, raw_headers
 from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
 from streams.kafka_settings import KafkaSettings
 
-PARTITIONS = 4
 TIMEOUT_S = 10.0
 WARMUP = 200
 BODIES = 256
@@ -280,16 +278,6 @@ async def delete_topic(kafka: KafkaSettings, topic: str) -> None:
         await admin.delete_topics([topic])
     finally:
         await admin.close()
-
-
-async def records_on(kafka: KafkaSettings, topic: str) -> int:
-    consumer = AIOKafkaConsumer(**kafka.aiokafka_args(), group_id=None)
-    await consumer.start()
-    try:
-        ends = await consumer.end_offsets([TopicPartition(topic, p) for p in range(PARTITIONS)])
-        return sum(ends.values())
-    finally:
-        await consumer.stop()
 
 
 async def run_one(

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import ROOT, bootstrap_servers, free_port, kafka_args, kafka_settings
+from streams.kafka_settings import KafkaSettings
 
 PARTITIONS = 4
 SOURCE = "minio"
@@ -292,11 +293,13 @@ async def delete_topic(bootstrap: str, topic: str) -> None:
         await admin.close()
 
 
-async def records_on(bootstrap: str, topic: str) -> int:
-    """How many records the topic (made by `create_topic`) holds: its end offsets' sum."""
+async def records_on(kafka: KafkaSettings | str, topic: str) -> int:
+    """How many records the topic (made by `create_topic`: PARTITIONS partitions) holds: its
+    end offsets' sum. `kafka`: the connection, or a bootstrap address (`kafka_args`)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    consumer = AIOKafkaConsumer(**kafka_args(bootstrap), group_id=None)
+    args = kafka.aiokafka_args() if isinstance(kafka, KafkaSettings) else kafka_args(kafka)
+    consumer = AIOKafkaConsumer(**args, group_id=None)
     await consumer.start()
     try:
         ends = await consumer.end_offsets([TopicPartition(topic, p) for p in range(PARTITIONS)])
