@@ -83,7 +83,11 @@ from streams.engine.aio.producer import RecordSender
 from streams.engine.aio.transactions import PartitionTransactions, RecordsRefused
 from streams.engine.batches import Batch
 from streams.engine.librdkafka.consumer import RdBatchLoop, consumer_config
-from streams.engine.librdkafka.group_config import configure_stage_groups
+from streams.engine.librdkafka.group_config import (
+    api_keys_by_broker,
+    configure_stage_groups,
+    kip848_refusal,
+)
 from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.librdkafka.transactions import (
     MemberTransactions,
@@ -801,6 +805,16 @@ class StreamsApp(faust.App):
             os._exit(2)
         if created:
             log.info("created topics: %s", ", ".join(created))
+        stream = settings.stream
+        if stream.engine == "librdkafka" and stream.group_protocol == "consumer":
+            try:
+                refusal = kip848_refusal(await api_keys_by_broker(settings.kafka))
+            except KafkaError as exc:  # not known: the groups' own errors will say
+                log.warning("could not read the brokers' API versions (%r)", exc)
+                refusal = None
+            if refusal is not None:
+                os.write(2, f"storage-events: {refusal}\n".encode())
+                os._exit(2)
         await super().on_first_start()
 
 

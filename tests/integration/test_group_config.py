@@ -1,9 +1,12 @@
 """The stage groups' KIP-848 timing (streams.engine.librdkafka.group_config) on the real broker:
 a worker sets its groups' session timeout and heartbeat from `stream.session_timeout_s`, and
-a value the broker's bounds refuse is reported naming the broker setting to change."""
+a value the broker's bounds refuse is reported naming the broker setting to change; a cluster
+without KIP-848 (no ConsumerGroupHeartbeat in a broker's ApiVersions) is refused at start,
+naming STREAMS_GROUP_PROTOCOL."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -11,7 +14,13 @@ import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 from support.worker import Topology, Worker
 
-from streams.engine.librdkafka.group_config import configure, wanted
+from streams.engine.librdkafka.group_config import (
+    CONSUMER_GROUP_HEARTBEAT,
+    api_keys_by_broker,
+    configure,
+    kip848_refusal,
+    wanted,
+)
 from streams.kafka_settings import KafkaSettings
 
 pytestmark = pytest.mark.kafka
@@ -62,3 +71,16 @@ def test_a_value_below_the_brokers_bound_is_refused_naming_the_broker_setting(
     assert all(f"group {group}:" in refusal for refusal in refusals)
     configs = group_configs(kafka_bootstrap, group)
     assert configs["consumer.heartbeat.interval.ms"] != "600"  # the group kept the broker's
+
+
+def test_a_cluster_without_kip848_is_refused_naming_the_setting(kafka_bootstrap: str) -> None:
+    """The real broker's ApiVersions offer ConsumerGroupHeartbeat (Kafka 4.4): no refusal. The
+    same answer without it (a broker before 4.0) is refused, naming the broker and the setting."""
+    keys = asyncio.run(api_keys_by_broker(KafkaSettings.of(kafka_bootstrap)))
+    assert keys and all({0, 1, 3, CONSUMER_GROUP_HEARTBEAT} <= offered for offered in keys.values())
+    assert kip848_refusal(keys) is None
+    broker = sorted(keys)[0]
+    older = {**keys, broker: keys[broker] - {CONSUMER_GROUP_HEARTBEAT}}
+    refusal = kip848_refusal(older)
+    assert refusal is not None
+    assert broker in refusal and "STREAMS_GROUP_PROTOCOL=classic" in refusal

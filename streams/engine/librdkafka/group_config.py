@@ -14,14 +14,21 @@ The broker bounds both (`group.consumer.min.session.timeout.ms`, 45 s by default
 refused, the refusal is logged once with the broker's allowed range and the setting to
 change, and the group keeps what it has. Needs ALTER_CONFIGS on the groups (`python -m
 streams acls` grants it); without it, the same warning and the broker's defaults.
+
+A cluster before Kafka 4.0 has no KIP-848 groups (3.7-3.9 only with it enabled): its brokers
+offer no ConsumerGroupHeartbeat, and librdkafka would retry that call for good, the worker
+never assigned anything. So the worker asks every broker's ApiVersions at start and stops
+(exit 2) naming `STREAMS_GROUP_PROTOCOL` when one lacks it (`kip848_refusal`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+from aiokafka.client import AIOKafkaClient
+from aiokafka.protocol.admin import ApiVersionRequest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
@@ -93,3 +100,37 @@ async def configure_stage_groups(
     """`configure`, logging what the broker refused (the worker goes on either way)."""
     for refusal in await asyncio.to_thread(configure, kafka, list(groups), session_timeout_s):
         log.warning("KIP-848 group config: %s", refusal)
+
+
+CONSUMER_GROUP_HEARTBEAT = 68
+"""KIP-848's ConsumerGroupHeartbeat API key."""
+
+
+async def api_keys_by_broker(kafka: KafkaSettings) -> dict[str, set[int]]:
+    """Per broker (`host:port`), the API keys its ApiVersions answer offers."""
+    client = AIOKafkaClient(**kafka.aiokafka_args(), client_id="storage-events-api-versions")
+    await client.bootstrap()
+    try:
+        keys: dict[str, set[int]] = {}
+        for broker in client.cluster.brokers():
+            response = await client.send(broker.nodeId, ApiVersionRequest())
+            keys[f"{broker.host}:{broker.port}"] = {key for key, _, _ in response.api_versions}
+        return keys
+    finally:
+        await client.close()
+
+
+def kip848_refusal(keys_by_broker: Mapping[str, set[int]]) -> str | None:
+    """Why `group.protocol=consumer` cannot work on these brokers, naming the setting that
+    fixes it; None when every one offers ConsumerGroupHeartbeat."""
+    lacking = sorted(
+        broker for broker, keys in keys_by_broker.items() if CONSUMER_GROUP_HEARTBEAT not in keys
+    )
+    if not lacking:
+        return None
+    return (
+        'stream.group_protocol is "consumer" (KIP-848, the default), which needs Kafka 4.0 or '
+        f"newer, and broker {', '.join(lacking)} offers no ConsumerGroupHeartbeat: set "
+        'STREAMS_GROUP_PROTOCOL=classic (or [stream] group_protocol = "classic"), or upgrade '
+        "the cluster"
+    )
