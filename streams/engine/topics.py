@@ -207,41 +207,89 @@ async def ensure_topics(
 
 
 async def _warn_of_lower_limits(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
-    """Say at start-up which existing topics take smaller records than the stream writes
-    (created beforehand, or by an older version): records over their limit are dead-lettered
-    (or, on the dead-letter topic, written without their value) instead of stopping the
-    stream, and this line says why. Nothing is changed: a topic's config is its owner's."""
+    """Say at start-up which existing topics (created beforehand, or by an older version)
+    are weaker than the stream's settings ask, one line each, naming the fix. Nothing is
+    changed: a topic's config is its owner's.
+
+    * smaller records (`max.message.bytes`): records over it are dead-lettered (or, on the
+      dead-letter topic, written without their value) instead of stopping the stream;
+    * fewer replicas than `stream.replication_factor`, or a lower `min.insync.replicas` than
+      `stream.min_insync_replicas`: an acknowledged write may live on fewer brokers than
+      configured, and be lost with them."""
+    if not specs:
+        return
+    await _warn_of_fewer_replicas(admin, specs)
+    names = {"max.message.bytes", MIN_INSYNC_REPLICAS}
     wanted = {
-        spec.name: int(spec.config["max.message.bytes"])
+        (spec.name, name): int(spec.config[name])
         for spec in specs
-        if "max.message.bytes" in spec.config
+        for name in names
+        if name in spec.config
     }
     if not wanted:
         return
     try:
         responses = await admin.describe_configs(
             [
-                ConfigResource(ConfigResourceType.TOPIC, name, configs={"max.message.bytes": None})
-                for name in wanted
+                ConfigResource(ConfigResourceType.TOPIC, spec.name, configs=dict.fromkeys(names))
+                for spec in specs
             ]
         )
     except KafkaError as exc:
-        log.debug("could not read the topics' max.message.bytes: %r", exc)
+        log.debug("could not read the topics' configs: %r", exc)
         return
     for response in responses:
-        for _, _, _, name, entries in response.resources:
+        for _, _, _, topic, entries in response.resources:
             for entry in entries:
-                if entry[0] != "max.message.bytes" or name not in wanted:
+                limit = wanted.get((topic, entry[0]))
+                if limit is None:
                     continue
                 with contextlib.suppress(TypeError, ValueError):
                     found = int(entry[1])
-                    if found < wanted[name]:
+                    if found >= limit:
+                        continue
+                    if entry[0] == MIN_INSYNC_REPLICAS:
+                        log.warning(
+                            "topic %s has min.insync.replicas=%d, the stream asks for %d "
+                            "(stream.min_insync_replicas): a write is acknowledged with fewer "
+                            "copies; raise it with kafka-configs --alter --add-config "
+                            "min.insync.replicas=%d",
+                            topic,
+                            found,
+                            limit,
+                            limit,
+                        )
+                    else:
                         log.warning(
                             "topic %s takes records of at most %d bytes (max.message.bytes), "
                             "the stream writes up to %d: larger ones are dead-lettered; raise "
                             "it with kafka-configs --alter --add-config max.message.bytes=%d",
-                            name,
+                            topic,
                             found,
-                            wanted[name],
-                            wanted[name],
+                            limit,
+                            limit,
                         )
+
+
+async def _warn_of_fewer_replicas(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
+    """One line per existing topic with fewer replicas than its spec (its least partition)."""
+    wanted = {spec.name: spec.replication_factor for spec in specs}
+    try:
+        described = await admin.describe_topics(list(wanted))
+    except KafkaError as exc:
+        log.debug("could not describe the topics: %r", exc)
+        return
+    for topic in described:
+        name, partitions = topic.get("topic"), topic.get("partitions") or []
+        if name not in wanted or not partitions:
+            continue
+        found = min(len(partition.get("replicas") or []) for partition in partitions)
+        if found < wanted[name]:
+            log.warning(
+                "topic %s has %d replica(s), the stream asks for %d (stream.replication_factor): "
+                "it is lost with fewer brokers than configured; add replicas with "
+                "kafka-reassign-partitions",
+                name,
+                found,
+                wanted[name],
+            )
