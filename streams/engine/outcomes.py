@@ -5,10 +5,11 @@ a refused record by default (DeadLetters: a dead letter of it, then one without 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from streams.core.records import OutRecord, RawRecord, dead_letter_record
+from streams.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +114,30 @@ class Acknowledged:
     @property
     def last_offset(self) -> int:
         return self.first_offset + self.count - 1
+
+
+class Sender:
+    """The frame both engines' senders share (streams.engine.aio.producer.RecordSender,
+    streams.engine.librdkafka.producer.RdRecordSender): each `send_all` call is one writer of
+    its stage for `progress`, whose trouble ends with the call however it ends."""
+
+    progress: Progress
+
+    async def send_all(
+        self, records: Sequence[OutRecord], stage: str, replace: Replace | None = None
+    ) -> Sent:
+        """Send every record; once all are acknowledged, say where each partition's went and
+        which records Kafka refused (`replace`, else the sender's default, said what to write
+        instead). `stage` names who waits, for the log and `/ready`."""
+        if not records:
+            return Sent()
+        who = object()  # this call, among the stage's writes waiting at once
+        try:
+            return await self._send(records, stage, replace, who)
+        finally:
+            self.progress.given_up(stage, who)  # raised (Stopping, cancelled): no trouble left
+
+    async def _send(
+        self, records: Sequence[OutRecord], stage: str, replace: Replace | None, who: object
+    ) -> Sent:
+        raise NotImplementedError

@@ -103,3 +103,36 @@ def test_a_write_that_recovered_is_not_given_up_again(caplog: pytest.LogCaptureF
     assert [record.getMessage().split(" after ")[0] for record in caplog.records] == [
         "emit stage makes progress again"
     ]
+
+
+@pytest.mark.parametrize("engine", ["aiokafka", "librdkafka"])
+def test_a_slow_send_that_is_cancelled_leaves_no_trouble(
+    engine: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Either engine's sender (a stage's records, a sweep's tombstones): a revoke cancels a
+    `send_all` whose write was reported slow; the stage is not left named on /ready."""
+    from streams.core.records import OutRecord
+    from streams.engine.aio.producer import RecordSender
+    from streams.engine.librdkafka.producer import RdRecordSender
+    from streams.engine.outcomes import DeadLetters
+
+    progress = Progress()
+
+    async def scenario() -> None:
+        cls = RecordSender if engine == "aiokafka" else RdRecordSender
+        sender = cls("127.0.0.1:1", "test", progress, DeadLetters("dead", "normalize"))
+        never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def slow(records: object, stage: str, replace: object, who: object) -> None:
+            await progress.watch(stage, "1 records", never, who)
+
+        monkeypatch.setattr(sender, "_send", slow)
+        task = asyncio.ensure_future(sender.send_all([OutRecord("t", None, b"v")], "normalize"))
+        while not progress.in_trouble("normalize"):
+            await asyncio.sleep(SLOW_S / 2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
+    assert not progress.in_trouble("normalize")

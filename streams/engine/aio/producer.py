@@ -47,6 +47,7 @@ from streams.engine.outcomes import (
     DeadLetters,
     Refused,
     Replace,
+    Sender,
     Sent,
     refusal_reason,
 )
@@ -179,7 +180,7 @@ class _Pending:
     """Send one record per batch: a batch of several was refused."""
 
 
-class RecordSender:
+class RecordSender(Sender):
     """The stream's producer for output, stale, dead-letter, repartition and changelog records."""
 
     def __init__(
@@ -227,20 +228,6 @@ class RecordSender:
             log.debug("stopping the old producer failed", exc_info=True)
         self._producer = self._new_producer()
         await self.start()
-
-    async def send_all(
-        self, records: Sequence[OutRecord], stage: str, replace: Replace | None = None
-    ) -> Sent:
-        """Send every record; once all are acknowledged, say where each partition's went and
-        which records Kafka refused (`replace`, else the sender's default, said what to write
-        instead). `stage` names who waits, for the log and `/ready`."""
-        if not records:
-            return Sent()
-        who = object()  # this call, among the stage's writes waiting at once
-        try:
-            return await self._send(records, stage, replace, who)
-        finally:
-            self.progress.given_up(stage, who)  # raised (Stopping, cancelled): no trouble left
 
     async def _send(
         self, records: Sequence[OutRecord], stage: str, replace: Replace | None, who: object

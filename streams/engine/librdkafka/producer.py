@@ -43,6 +43,7 @@ from streams.engine.outcomes import (
     DeadLetters,
     Refused,
     Replace,
+    Sender,
     Sent,
     refusal_reason,
 )
@@ -221,7 +222,7 @@ class _Waiting:
     """Refused together with others: sent one at a time to tell which Kafka refuses."""
 
 
-class RdRecordSender:
+class RdRecordSender(Sender):
     """The engine's producer of output, stale, dead-letter, repartition and changelog records."""
 
     def __init__(
@@ -258,19 +259,6 @@ class RdRecordSender:
         log.info("renewing the producer %s", self.client_id)
         await self.stop()
         await self.start()
-
-    async def send_all(
-        self, records: Sequence[OutRecord], stage: str, replace: Replace | None = None
-    ) -> Sent:
-        """Send every record; once all are acknowledged, say where each partition's went and
-        which records Kafka refused (and what was written instead)."""
-        if not records:
-            return Sent()
-        who = object()  # this call, among the stage's writes waiting at once
-        try:
-            return await self._send(records, stage, replace, who)
-        finally:
-            self.progress.given_up(stage, who)  # raised (Stopping, cancelled): no trouble left
 
     async def _send(
         self, records: Sequence[OutRecord], stage: str, replace: Replace | None, who: object
