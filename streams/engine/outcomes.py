@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from streams.core.records import OutRecord, RawRecord, dead_letter_record
+from streams.kafka_settings import KafkaSettings
 from streams.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,19 @@ class Sender:
     streams.engine.librdkafka.producer.RdRecordSender): each `send_all` call is one writer of
     its stage for `progress`, whose trouble ends with the call however it ends."""
 
-    progress: Progress
+    def __init__(
+        self,
+        kafka: KafkaSettings | str,
+        client_id: str,
+        progress: Progress,
+        dead_letters: DeadLetters,
+    ) -> None:
+        self.kafka = KafkaSettings.of(kafka)
+        self.client_id = client_id
+        self.progress = progress
+        self.dead_letters = dead_letters
+        """The replacement of a refused record when the caller names none, and always of a
+        refused dead letter."""
 
     async def send_all(
         self, records: Sequence[OutRecord], stage: str, replace: Replace | None = None

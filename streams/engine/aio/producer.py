@@ -190,12 +190,7 @@ class RecordSender(Sender):
         progress: Progress,
         dead_letters: DeadLetters,
     ) -> None:
-        self.kafka = KafkaSettings.of(kafka)
-        self.client_id = client_id
-        self.progress = progress
-        self.dead_letters = dead_letters
-        """The replacement of a refused record when the caller names none, and always of a
-        refused dead letter."""
+        super().__init__(kafka, client_id, progress, dead_letters)
         self._producer = self._new_producer()
 
     def _new_producer(self) -> AIOKafkaProducer:

@@ -232,10 +232,7 @@ class RdRecordSender(Sender):
         progress: Progress,
         dead_letters: DeadLetters,
     ) -> None:
-        self.kafka = KafkaSettings.of(kafka)
-        self.client_id = client_id
-        self.progress = progress
-        self.dead_letters = dead_letters
+        super().__init__(kafka, client_id, progress, dead_letters)
         self._producer: Producer | None = None
         self._reports: ReportThread | None = None
 
