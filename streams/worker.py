@@ -809,7 +809,7 @@ class StreamsApp(faust.App):
         if stream.engine == "librdkafka" and stream.group_protocol == "consumer":
             try:
                 refusal = kip848_refusal(await api_keys_by_broker(settings.kafka))
-            except KafkaError as exc:  # not known: the groups' own errors will say
+            except (KafkaError, OSError, TimeoutError) as exc:  # not known: start anyway
                 log.warning("could not read the brokers' API versions (%r)", exc)
                 refusal = None
             if refusal is not None:
