@@ -40,7 +40,6 @@ from streams.engine.outcomes import (
     MAX_BACKOFF_S,
     MAX_BATCH_BYTES,
     Acknowledged,
-    DeadLetters,
     Refused,
     Replace,
     Sender,
@@ -49,7 +48,6 @@ from streams.engine.outcomes import (
 )
 from streams.engine.topics import DEAD_LETTER_MAX_MESSAGE_BYTES
 from streams.kafka_settings import KafkaSettings
-from streams.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -223,18 +221,11 @@ class _Waiting:
 
 
 class RdRecordSender(Sender):
-    """The engine's producer of output, stale, dead-letter, repartition and changelog records."""
+    """The engine's producer of output, stale, dead-letter, repartition and changelog records
+    (Sender's constructor; the librdkafka producer is made by `start`)."""
 
-    def __init__(
-        self,
-        kafka: KafkaSettings | str,
-        client_id: str,
-        progress: Progress,
-        dead_letters: DeadLetters,
-    ) -> None:
-        super().__init__(kafka, client_id, progress, dead_letters)
-        self._producer: Producer | None = None
-        self._reports: ReportThread | None = None
+    _producer: Producer | None = None
+    _reports: ReportThread | None = None
 
     async def start(self) -> None:
         """librdkafka connects in the background: nothing here waits for Kafka."""
