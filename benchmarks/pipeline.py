@@ -2,7 +2,7 @@
 
     python -m benchmarks.pipeline [--deliveries 200000] [--seed 1] [--rate 2000] [--seconds 10]
         [--sections state,normalizers,webhook] [--profile FILE]
-        [--contestants ceiling,floor,pipeline,latency,librdkafka,kstreams]
+        [--contestants ceiling,floor,pipeline,latency,librdkafka,client-floor,kstreams]
 
     # only the pipeline against the new contestants, no other sections (about a minute):
     python -m benchmarks.pipeline --contestants pipeline,librdkafka,kstreams --sections ''
@@ -20,7 +20,10 @@ pairs), three loops read the same input:
    time and each stage's time split into waiting for records, handling and committing;
 4. the new ceiling: a bare librdkafka (confluent-kafka) consume -> produce loop, one
    transaction per batch with its offsets (benchmarks.ceiling);
-5. Kafka Streams: the same job on the JVM (benchmarks/kstreams: parse by source with the
+5. the client floor: the pipeline's Kafka and RocksDB calls for each delivery, in its record
+   counts and two stages, with no decisions (benchmarks.client_floor): what any CPython worker
+   on these clients pays before it does the job's work;
+6. Kafka Streams: the same job on the JVM (benchmarks/kstreams: parse by source with the
    pipeline's ids, repartition by object key, dedupe and order in two RocksDB stores with
    changelogs, `exactly_once_v2`), the JVM warmed by an untimed first pass over the same
    topic. Then the check that it emitted, and put on its stale topic, exactly the ids the
@@ -66,7 +69,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from confluent_kafka import Consumer
 
 from benchmarks import kstreams
-from benchmarks.ceiling import librdkafka_loop
+from benchmarks.ceiling import LoopRun, librdkafka_loop
+from benchmarks.client_floor import client_floor
 from benchmarks.harness import (
     FAUST,
     ROOT,
@@ -219,6 +223,20 @@ def expected_ids(records: list[Raw]) -> set[str]:
         )
         ids.update(event.id for event in normalize(delivery))
     return ids
+
+
+def first_deliveries(records: list[Raw]) -> list[bytes]:
+    """The values of the deliveries whose event the pipeline emits: the first of each change
+    (every later one, in another wrapper or the same bytes again, is a duplicate)."""
+    ids: set[str] = set()
+    firsts: list[bytes] = []
+    for _, value, headers in records:
+        delivery = delivery_from_raw(RawRecord("raw", value, dict(headers)), None)
+        new = {event.id for event in normalize(delivery)} - ids
+        if new:
+            ids |= new
+            firsts.append(value)
+    return firsts
 
 
 def expected_decisions(records: list[Raw], batch: int = 1000) -> tuple[set[str], set[str]]:
@@ -626,10 +644,19 @@ def run_section(name: str) -> None:
     print(flush=True)
 
 
-CONTESTANTS = ("ceiling", "floor", "pipeline", "latency", "librdkafka", "kstreams")
+CONTESTANTS = (
+    "ceiling",
+    "floor",
+    "pipeline",
+    "latency",
+    "librdkafka",
+    "client-floor",
+    "kstreams",
+)
 """What reads the filled topic, in the order run: the aiokafka ceiling (both forms), the engine
 floor, the pipeline, the latency run (its own topic), the bare librdkafka loop
-(benchmarks.ceiling) and the Kafka Streams job (benchmarks.kstreams)."""
+(benchmarks.ceiling), the client floor (benchmarks.client_floor) and the Kafka Streams job
+(benchmarks.kstreams)."""
 
 
 def check_same_ids(
@@ -713,6 +740,7 @@ def main() -> int:
         return sink
 
     top = floor = None
+    bare: LoopRun | None = None
     same = True  # the Kafka Streams job decided as the pipeline (exit status 1 if not)
     pipeline: PipelineRun | None = None
     streams: kstreams.StreamsRun | None = None
@@ -748,6 +776,21 @@ def main() -> int:
                 f"ceiling, librdkafka (confluent-kafka consume -> produce, a transaction per "
                 f"batch): {loop.rate:,.0f} events/s; bench process "
                 f"{per_delivery(loop.cpu_seconds, count)}",
+                flush=True,
+            )
+        if "client-floor" in chosen:
+            firsts = first_deliveries(records)
+            bare = client_floor(
+                bootstrap,
+                raw_topic,
+                lambda *names: asyncio.run(create_topics(bootstrap, *names)),
+                firsts,
+                count,
+                len(firsts),
+            )
+            print(
+                f"client floor (the pipeline's Kafka and RocksDB calls, no decisions): "
+                f"{bare.rate:,.0f} events/s; bench process {per_delivery(bare.cpu_seconds, count)}",
                 flush=True,
             )
         if "kstreams" in chosen:
@@ -790,6 +833,11 @@ def main() -> int:
         print(f"pipeline / engine floor: {pipeline.rate / floor:.3f}")
     if pipeline is not None and top is not None:
         print(f"pipeline / ceiling: {pipeline.rate / top:.3f}")
+    if bare is not None and streams is not None:
+        print(
+            f"client floor / kafka-streams: {bare.rate / streams.rate:.2f} events/s, "
+            f"{bare.cpu_seconds / streams.cpu_seconds:.2f} CPU per delivery"
+        )
     if pipeline is not None and streams is not None:
         print(
             "worker CPU per delivery, pipeline / kafka-streams JVM: "

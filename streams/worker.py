@@ -84,9 +84,9 @@ from streams.engine.aio.transactions import PartitionTransactions, RecordsRefuse
 from streams.engine.batches import Batch
 from streams.engine.librdkafka.consumer import RdBatchLoop, consumer_config
 from streams.engine.librdkafka.group_config import (
-    api_keys_by_broker,
     configure_stage_groups,
     kip848_refusal,
+    versions_by_broker,
 )
 from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.librdkafka.transactions import (
@@ -808,7 +808,7 @@ class StreamsApp(faust.App):
         stream = settings.stream
         if stream.engine == "librdkafka" and stream.group_protocol == "consumer":
             try:
-                refusal = kip848_refusal(await api_keys_by_broker(settings.kafka))
+                refusal = kip848_refusal(await versions_by_broker(settings.kafka))
             except (KafkaError, OSError, TimeoutError) as exc:  # not known: start anyway
                 log.warning("could not read the brokers' API versions (%r)", exc)
                 refusal = None

@@ -13,6 +13,9 @@
 //       [--resource-pattern-type literal|prefixed] [--allow-host H]
 //                                              the subset of kafka-acls.sh that
 //                                              `python -m streams acls` prints
+//   feature <name> <level>                     set a finalized feature (kafka-features.sh
+//                                              upgrade/downgrade; 0 removes it), as an
+//                                              operator's cluster may have it
 // Lines starting with # and empty lines are skipped. Prints one line per change.
 
 import java.io.BufferedReader;
@@ -21,11 +24,15 @@ import java.io.InputStreamReader;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.LinkedHashMap;
 import java.util.Locale;
+import java.util.Map;
 import java.util.Properties;
 import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.FeatureUpdate;
 import org.apache.kafka.clients.admin.ScramCredentialInfo;
 import org.apache.kafka.clients.admin.ScramMechanism;
+import org.apache.kafka.clients.admin.UpdateFeaturesOptions;
 import org.apache.kafka.clients.admin.UserScramCredentialUpsertion;
 import org.apache.kafka.common.acl.AccessControlEntry;
 import org.apache.kafka.common.acl.AclBinding;
@@ -47,6 +54,7 @@ public class LocalAdmin {
         }
         List<AclBinding> acls = new ArrayList<>();
         List<UserScramCredentialUpsertion> users = new ArrayList<>();
+        Map<String, Short> features = new LinkedHashMap<>();
         BufferedReader reader =
                 new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
         String line;
@@ -60,6 +68,8 @@ public class LocalAdmin {
                         words[1],
                         new ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192),
                         words[2]));
+            } else if (words[0].equals("feature") && words.length == 3) {
+                features.put(words[1], Short.parseShort(words[2]));
             } else if (words[0].endsWith("kafka-acls.sh") || words[0].endsWith("kafka-acls")) {
                 acls.addAll(parseAcl(words));
             } else {
@@ -67,6 +77,23 @@ public class LocalAdmin {
             }
         }
         try (Admin admin = Admin.create(props)) {
+            if (!features.isEmpty()) {
+                Map<String, FeatureUpdate> updates = new LinkedHashMap<>();
+                Map<String, Short> finalized = new LinkedHashMap<>();
+                admin.describeFeatures().featureMetadata().get().finalizedFeatures()
+                        .forEach((name, range) -> finalized.put(name, range.maxVersionLevel()));
+                for (Map.Entry<String, Short> feature : features.entrySet()) {
+                    short now = finalized.getOrDefault(feature.getKey(), (short) 0);
+                    FeatureUpdate.UpgradeType type = feature.getValue() >= now
+                            ? FeatureUpdate.UpgradeType.UPGRADE
+                            : FeatureUpdate.UpgradeType.UNSAFE_DOWNGRADE;
+                    updates.put(feature.getKey(), new FeatureUpdate(feature.getValue(), type));
+                }
+                admin.updateFeatures(updates, new UpdateFeaturesOptions()).all().get();
+                for (Map.Entry<String, Short> feature : features.entrySet()) {
+                    System.out.println("feature " + feature.getKey() + "=" + feature.getValue());
+                }
+            }
             if (!users.isEmpty()) {
                 admin.alterUserScramCredentials(new ArrayList<>(users)).all().get();
                 for (UserScramCredentialUpsertion user : users) {

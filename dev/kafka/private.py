@@ -50,10 +50,12 @@ class PrivateBroker:
             "LOCAL_KAFKA_HEAP": heap,
         }
 
-    def run(self, *command: str) -> str:
-        """`localkafka.py <command>` for this broker; its output. Raises if it fails."""
+    def run(self, *command: str, given: str | None = None) -> str:
+        """`localkafka.py <command>` for this broker (`given` on its standard input, as `admin`
+        reads its commands); its output. Raises if it fails."""
         result = subprocess.run(
             [sys.executable, str(LOCAL_KAFKA), *command],
+            input=given,
             env=self.env,
             capture_output=True,
             text=True,

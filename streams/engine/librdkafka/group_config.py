@@ -17,8 +17,12 @@ streams acls` grants it); without it, the same warning and the broker's defaults
 
 A cluster before Kafka 4.0 has no KIP-848 groups (3.7-3.9 only with it enabled): its brokers
 offer no ConsumerGroupHeartbeat, and librdkafka would retry that call for good, the worker
-never assigned anything. So the worker asks every broker's ApiVersions at start and stops
-(exit 2) naming `STREAMS_GROUP_PROTOCOL` when one lacks it (`kip848_refusal`).
+never assigned anything. A 4.x cluster can have them switched off: the `group.version` feature
+not finalized (a cluster upgraded from 3.x keeps it at 0 until `kafka-features.sh upgrade`), in
+which case its brokers still offer the API but answer it UNSUPPORTED_VERSION, a fatal error
+librdkafka raises at every join. So the worker asks every broker's ApiVersions at start (v3:
+the API keys and the finalized features) and stops (exit 2) naming `STREAMS_GROUP_PROTOCOL`
+when one lacks either (`kip848_refusal`).
 """
 
 from __future__ import annotations
@@ -26,9 +30,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from io import BytesIO
+from typing import Any
 
 from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.admin import ApiVersionRequest
+from aiokafka.protocol.api import Request, RequestStruct, Response, ResponseHeader_v0
+from aiokafka.protocol.types import CompactArray, CompactString, Int16, Int32, Schema, TaggedFields
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
@@ -106,31 +115,129 @@ CONSUMER_GROUP_HEARTBEAT = 68
 """KIP-848's ConsumerGroupHeartbeat API key."""
 
 
-async def api_keys_by_broker(kafka: KafkaSettings) -> dict[str, set[int]]:
-    """Per broker (`host:port`), the API keys its ApiVersions answer offers."""
+GROUP_VERSION = "group.version"
+"""The feature that switches KIP-848 groups on (1 and above; Kafka 4.0's default for a new
+cluster)."""
+FINALIZED_FEATURES_TAG = 2
+"""ApiVersions v3+: the tagged field of the finalized features (KIP-584)."""
+_FEATURES = CompactArray(
+    ("name", CompactString("utf-8")),
+    ("max_version_level", Int16),
+    ("min_version_level", Int16),
+    ("tags", TaggedFields),
+)
+
+
+class _ApiVersionsResponseV3(Response):  # type: ignore[misc]  # aiokafka: untyped for mypy
+    API_KEY = 18
+    API_VERSION = 3
+    SCHEMA = Schema(
+        ("error_code", Int16),
+        (
+            "api_keys",
+            CompactArray(
+                ("api_key", Int16),
+                ("min_version", Int16),
+                ("max_version", Int16),
+                ("tags", TaggedFields),
+            ),
+        ),
+        ("throttle_time_ms", Int32),
+        ("tags", TaggedFields),
+    )
+
+
+class _ApiVersionsRequestV3(RequestStruct):  # type: ignore[misc]
+    FLEXIBLE_VERSION = True
+    API_KEY = 18
+    API_VERSION = 3
+    RESPONSE_TYPE = _ApiVersionsResponseV3
+    SCHEMA = Schema(
+        ("client_software_name", CompactString("utf-8")),
+        ("client_software_version", CompactString("utf-8")),
+        ("tags", TaggedFields),
+    )
+
+    def parse_response_header(self, read_buffer: BytesIO | bytes) -> Any:
+        # ApiVersions answers with response header v0 whatever its version (KIP-511): a client
+        # cannot know the broker's flexible versions before this answer.
+        return ResponseHeader_v0.decode(read_buffer)
+
+
+class _ApiVersionsV3(Request[_ApiVersionsRequestV3]):  # type: ignore[misc]
+    """aiokafka knows ApiVersions up to v2, which carries no features."""
+
+    API_KEY = 18
+    ALLOW_UNKNOWN_API_VERSION = True
+
+    def build(self, request_struct_class: type[_ApiVersionsRequestV3]) -> _ApiVersionsRequestV3:
+        return request_struct_class("storage-events", "1", {})
+
+
+@dataclass(frozen=True)
+class BrokerVersions:
+    """What one broker's ApiVersions answer says: its API keys and, where the answer carries
+    them (v3 and newer), the cluster's finalized features (name -> max version level)."""
+
+    api_keys: set[int]
+    features: dict[str, int] | None = field(default=None)
+
+
+def finalized_features(tags: dict[int, bytes]) -> dict[str, int]:
+    """The finalized features of an ApiVersions v3+ answer's tagged fields (none: {})."""
+    raw = tags.get(FINALIZED_FEATURES_TAG)
+    if raw is None:
+        return {}
+    return {name: level for name, level, _, _ in _FEATURES.decode(BytesIO(raw)) or []}
+
+
+async def _versions(client: AIOKafkaClient, node_id: int) -> BrokerVersions:
+    try:
+        response = await client.send(node_id, _ApiVersionsV3())
+    except NotImplementedError:  # a broker older than 2.4 (no v3): no features, no KIP-848
+        old = await client.send(node_id, ApiVersionRequest())
+        return BrokerVersions({key for key, _, _ in old.api_versions})
+    return BrokerVersions(
+        {key for key, _, _, _ in response.api_keys}, finalized_features(response.tags)
+    )
+
+
+async def versions_by_broker(kafka: KafkaSettings) -> dict[str, BrokerVersions]:
+    """Per broker (`host:port`), what its ApiVersions answer offers."""
     client = AIOKafkaClient(**kafka.aiokafka_args(), client_id="storage-events-api-versions")
     await client.bootstrap()
     try:
-        keys: dict[str, set[int]] = {}
-        for broker in client.cluster.brokers():
-            response = await client.send(broker.nodeId, ApiVersionRequest())
-            keys[f"{broker.host}:{broker.port}"] = {key for key, _, _ in response.api_versions}
-        return keys
+        return {
+            f"{broker.host}:{broker.port}": await _versions(client, broker.nodeId)
+            for broker in client.cluster.brokers()
+        }
     finally:
         await client.close()
 
 
-def kip848_refusal(keys_by_broker: Mapping[str, set[int]]) -> str | None:
+def kip848_refusal(versions: Mapping[str, BrokerVersions]) -> str | None:
     """Why `group.protocol=consumer` cannot work on these brokers, naming the setting that
-    fixes it; None when every one offers ConsumerGroupHeartbeat."""
+    fixes it; None when every one offers ConsumerGroupHeartbeat with KIP-848 groups on."""
+    fix = 'set STREAMS_GROUP_PROTOCOL=classic (or [stream] group_protocol = "classic"), or '
     lacking = sorted(
-        broker for broker, keys in keys_by_broker.items() if CONSUMER_GROUP_HEARTBEAT not in keys
+        broker for broker, seen in versions.items() if CONSUMER_GROUP_HEARTBEAT not in seen.api_keys
     )
-    if not lacking:
-        return None
-    return (
-        'stream.group_protocol is "consumer" (KIP-848, the default), which needs Kafka 4.0 or '
-        f"newer, and broker {', '.join(lacking)} offers no ConsumerGroupHeartbeat: set "
-        'STREAMS_GROUP_PROTOCOL=classic (or [stream] group_protocol = "classic"), or upgrade '
-        "the cluster"
+    if lacking:
+        return (
+            'stream.group_protocol is "consumer" (KIP-848, the default), which needs Kafka 4.0 '
+            f"or newer, and broker {', '.join(lacking)} offers no ConsumerGroupHeartbeat: "
+            f"{fix}upgrade the cluster"
+        )
+    off = sorted(
+        broker
+        for broker, seen in versions.items()
+        if seen.features is not None and seen.features.get(GROUP_VERSION, 0) < 1
     )
+    if off:
+        return (
+            'stream.group_protocol is "consumer" (KIP-848, the default), and the cluster has '
+            f"KIP-848 groups switched off (broker {', '.join(off)}: feature {GROUP_VERSION} not "
+            f"finalized, as after an upgrade from 3.x): {fix}enable them with "
+            f"`kafka-features.sh --bootstrap-server ... upgrade --feature {GROUP_VERSION}=1`"
+        )
+    return None
