@@ -195,6 +195,8 @@ async def _versions(client: AIOKafkaClient, node_id: int) -> BrokerVersions:
     try:
         response = await client.send(node_id, _ApiVersionsV3())
     except NotImplementedError:  # a broker older than 2.4 (no v3): no features, no KIP-848
+        response = None
+    if response is None or response.error_code != 0:  # v3 refused: its list may be empty
         old = await client.send(node_id, ApiVersionRequest())
         return BrokerVersions({key for key, _, _ in old.api_versions})
     return BrokerVersions(
