@@ -27,7 +27,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \
-    STREAMS_DATA_DIR=/var/lib/storage-events
+    STREAMS_DATA_DIR=/var/lib/storage-events \
+    STREAMS_WEB_HOST=0.0.0.0
 # A fixed, unprivileged uid/gid, matched by runAsUser/runAsGroup/fsGroup in k8s/.
 RUN groupadd --system --gid 10001 storage-events \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

@@ -86,8 +86,7 @@ from streams.config import load_settings
 from streams.core.delivery import Delivery
 from streams.core.emitting import KeyedInput, plan_batch
 from streams.core.normalizers import normalize
-from streams.core.records import OutRecord, RawRecord, delivery_from_raw, keyed_record
-from streams.engine.aio.producer import PRODUCER_SETTINGS, acknowledged, enqueue, group_by_partition
+from streams.core.records import RawRecord, delivery_from_raw, keyed_record
 
 PARTITIONS = 4
 PY_SPY = Path(sys.executable).with_name("py-spy")
@@ -323,14 +322,9 @@ async def fill(bootstrap: str, topic: str, records: list[Raw]) -> None:
         await producer.stop()
 
 
-async def ceiling(
-    bootstrap: str, source: str, sink: str, count: int, batched: bool = False
-) -> float:
-    """Bare aiokafka, consume -> produce unchanged, with the pipeline's producer settings.
-
-    The issue's ceiling sends each record (`producer.send`); `batched` hands the producer
-    one record batch per partition instead, as the pipeline's stages do
-    (streams.engine.aio.producer)."""
+async def ceiling(bootstrap: str, source: str, sink: str, count: int) -> float:
+    """Bare aiokafka, consume -> produce unchanged (`producer.send` per record), acks=all,
+    idempotent: the ceiling of the aiokafka client stack Faust runs on."""
     consumer = AIOKafkaConsumer(
         source,
         **kafka_args(bootstrap),
@@ -339,7 +333,9 @@ async def ceiling(
         auto_offset_reset="earliest",
         max_poll_records=2000,
     )
-    producer = AIOKafkaProducer(**kafka_args(bootstrap), **PRODUCER_SETTINGS)
+    producer = AIOKafkaProducer(
+        **kafka_args(bootstrap), acks="all", enable_idempotence=True, linger_ms=5
+    )
     await consumer.start()
     await producer.start()
     done, started = 0, 0.0
@@ -348,28 +344,14 @@ async def ceiling(
             batches = await consumer.getmany(timeout_ms=1000, max_records=2000)
             if batches and not started:
                 started = time.monotonic()
-            if batched:
-                records = [
-                    OutRecord(sink, m.key, m.value, tuple(m.headers))
-                    for messages in batches.values()
-                    for m in messages
-                ]
-                groups = await group_by_partition(producer, records)
-                queued = [
-                    (place, await enqueue(producer, *place, group))
-                    for place, group in groups.items()
-                ]
-                sent = sum([(await acknowledged(*place, q)).count for place, q in queued])
-            else:
-                futures = [
-                    await producer.send(sink, m.value, key=m.key, headers=list(m.headers))
-                    for messages in batches.values()
-                    for m in messages
-                ]
-                await asyncio.gather(*futures)
-                sent = len(futures)
+            futures = [
+                await producer.send(sink, m.value, key=m.key, headers=list(m.headers))
+                for messages in batches.values()
+                for m in messages
+            ]
+            await asyncio.gather(*futures)
             await consumer.commit()
-            done += sent
+            done += len(futures)
         return done / (time.monotonic() - started)
     finally:
         await producer.stop()
@@ -653,7 +635,7 @@ CONTESTANTS = (
     "client-floor",
     "kstreams",
 )
-"""What reads the filled topic, in the order run: the aiokafka ceiling (both forms), the engine
+"""What reads the filled topic, in the order run: the aiokafka ceiling, the engine
 floor, the pipeline, the latency run (its own topic), the bare librdkafka loop
 (benchmarks.ceiling), the client floor (benchmarks.client_floor) and the Kafka Streams job
 (benchmarks.kstreams)."""
@@ -751,10 +733,6 @@ def main() -> int:
             top = asyncio.run(ceiling(bootstrap, raw_topic, new_sink(), count))
             print(
                 f"ceiling   (bare aiokafka consume -> produce): {top:>10,.0f} events/s", flush=True
-            )
-            batched = asyncio.run(ceiling(bootstrap, raw_topic, new_sink(), count, batched=True))
-            print(
-                f"  the same, a record batch per partition:  {batched:>10,.0f} events/s", flush=True
             )
         if "floor" in chosen:
             floor = run_floor(bootstrap, raw_topic, count, workdir)

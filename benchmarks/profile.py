@@ -28,14 +28,9 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("RocksDB state", ("streams/engine/store.py",)),
     ("dedupe/order plan", ("streams/core/emitting.py",)),
     ("records: headers, dead letters", ("streams/core/records.py",)),
-    (
-        "produce (aiokafka producer, batching)",
-        ("aiokafka/producer/", "streams/engine/aio/producer.py"),
-    ),
     ("produce (librdkafka: produce calls, reports)", ("streams/engine/librdkafka/producer.py",)),
-    ("transactions", ("streams/engine/aio/transactions.py",)),
     ("transactions (librdkafka)", ("streams/engine/librdkafka/transactions.py",)),
-    ("consume (aiokafka fetch, decode)", ("aiokafka/consumer/", "aiokafka/record/")),
+    ("restore (aiokafka fetch, decode)", ("aiokafka/consumer/", "aiokafka/record/")),
     (
         "consume (librdkafka: hand-over, per-record wrap)",
         ("streams/engine/librdkafka/consumer.py",),
@@ -44,7 +39,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("metrics (prometheus_client)", ("prometheus_client/",)),
     (
         "stage loops",
-        ("streams/engine/aio/consumer.py", "streams/engine/batches.py", "streams/worker.py"),
+        ("streams/engine/batches.py", "streams/stages/", "streams/worker.py"),
     ),
     ("Faust/mode runtime", ("/faust/", "/mode/")),
     ("asyncio runtime", ("asyncio/",)),

@@ -2,7 +2,7 @@
 with the ground truth (issue 15, "What it must show").
 
     python -m benchmarks.scale_chaos [--deliveries 90000] [--rate 750] [--partitions 8]
-                                     [--session-timeout-s 10] [--engine aiokafka|librdkafka]
+                                     [--session-timeout-s 10] [--group-protocol consumer|classic]
                                      [--private-broker] [--seed 11] [--json FILE]
 
 The workload, its producer, the reading of the topics and the comparison with the ground
@@ -37,8 +37,8 @@ worker's exit until the committed offset of every partition it owned (both stage
 
 The run fails (exit 1) on any lost change, duplicate, order violation, missing dead letter,
 unexpected worker exit, or a scale-in whose partitions took more than 5 s to be processed
-again. `--engine` sets `STREAMS_ENGINE` for the workers (the rest of the environment is
-passed through as it is).
+again. `--group-protocol` sets `STREAMS_GROUP_PROTOCOL` for the workers (the rest of the
+environment is passed through as it is).
 """
 
 from __future__ import annotations
@@ -360,7 +360,7 @@ class Change:
 class ScaleResult:
     date: str = ""
     command: str = ""
-    engine: str = ""
+    group_protocol: str = ""
     partitions: int = 0
     session_timeout_s: float = 0.0
     rate: float = 0.0
@@ -417,9 +417,9 @@ class ScaleResult:
         rows.append(("wall time", f"{self.wall_s:.0f} s ({self.samples} group samples)"))
         width = max(len(name) for name, _ in rows)
         lines = [
-            f"scale-out chaos run {self.date}, engine {self.engine}, {self.partitions} "
-            f"partitions, session timeout {self.session_timeout_s:.0f} s, {self.rate:.0f}/s, "
-            f"exactly_once: `{self.command}`",
+            f"scale-out chaos run {self.date}, group protocol {self.group_protocol}, "
+            f"{self.partitions} partitions, session timeout {self.session_timeout_s:.0f} s, "
+            f"{self.rate:.0f}/s, exactly_once: `{self.command}`",
             "",
             f"| {'measure':<{width}} | value |",
             f"|{'-' * (width + 2)}|-------|",
@@ -486,7 +486,8 @@ def run(args: argparse.Namespace, command: str) -> ScaleResult:
     result = ScaleResult(
         date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         command=command,
-        engine=args.engine or os.environ.get("STREAMS_ENGINE", "librdkafka (default)"),
+        group_protocol=args.group_protocol
+        or os.environ.get("STREAMS_GROUP_PROTOCOL", "consumer (default)"),
         partitions=args.partitions,
         session_timeout_s=args.session_timeout_s,
         rate=args.rate,
@@ -516,8 +517,8 @@ def run(args: argparse.Namespace, command: str) -> ScaleResult:
     env = {**os.environ, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, "STREAMS_CONFIG": str(config)}
     env.pop("STREAMS_FAILPOINT", None)
     env.pop("STREAMS_LEAVE_GROUP_ON_STOP", None)
-    if args.engine:
-        env["STREAMS_ENGINE"] = args.engine
+    if args.group_protocol:
+        env["STREAMS_GROUP_PROTOCOL"] = args.group_protocol
     fleet = Fleet(env, app_id, workdir, 3)
     groups = {f"{app_id}-normalize": raw, f"{app_id}-emit": f"{app_id}.by-key"}
     sampler = Sampler(bootstrap, groups)
@@ -701,7 +702,9 @@ def main(argv: list[str] | None = None) -> int:
         "--steady-s", type=float, default=5.0, help="steady flow before each membership change"
     )
     parser.add_argument(
-        "--engine", help="STREAMS_ENGINE for the workers (default: the environment's, if any)"
+        "--group-protocol",
+        choices=("consumer", "classic"),
+        help="STREAMS_GROUP_PROTOCOL for the workers (default: the environment's, if any)",
     )
     parser.add_argument("--private-broker", action="store_true")
     parser.add_argument("--seed", type=int, default=11)

@@ -11,11 +11,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    InvalidProducerIdMapping,
+    KafkaError,
+    OutOfOrderSequenceNumber,
+    UnknownProducerId,
+)
 from aiokafka.partitioner import DefaultPartitioner
 
 from streams.config import RAW_RECORD_FRAMING_BYTES
-from streams.engine.aio.producer_errors import RENEW_ON
 from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
 from streams.kafka_settings import KafkaAccessError, KafkaSettings, check_access
 
@@ -24,6 +28,11 @@ log = logging.getLogger(__name__)
 # Never forwarded as `header.*`: they carry the credentials that admitted the delivery.
 SECRET_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization", "x-api-key"})
 
+
+RENEW_ON = (OutOfOrderSequenceNumber, UnknownProducerId, InvalidProducerIdMapping)
+"""Errors after which an idempotent producer must be replaced, not merely retried: after a
+broker restart aiokafka's idempotent producer can keep failing every send with one of these
+(its producer id and sequence numbers no longer match the broker's)."""
 
 RAW_RECORD_MAX_BYTES = RAW_MAX_MESSAGE_BYTES - RAW_RECORD_FRAMING_BYTES
 """Value + header bytes of the largest raw record a bridge writes: what the raw topic takes,

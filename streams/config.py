@@ -67,6 +67,7 @@ ENVIRONMENT = {
     **{variable: ("kafka", field) for variable, field in KAFKA_ENVIRONMENT.items()},
     "STREAMS_DATA_DIR": ("stream", "data_dir"),
     "STREAMS_WEB_PORT": ("stream", "web_port"),
+    "STREAMS_WEB_HOST": ("stream", "web_host"),
     "STREAMS_PROCESSING_GUARANTEE": ("stream", "processing_guarantee"),
     "STREAMS_GROUP_INSTANCE_ID": ("stream", "group_instance_id"),
     "STREAMS_ENGINE": ("stream", "engine"),
@@ -252,13 +253,16 @@ class StreamConfig(_Strict):
     may be down without stopping the stream. At most replication_factor."""
     data_dir: Path = Path("var/streams")
     web_port: int = Field(default=6066, ge=1, le=65535)
+    web_host: str = "127.0.0.1"
+    """The address the worker's web server (`/metrics`, `/ready`) listens on (env
+    STREAMS_WEB_HOST): loopback by default, as the bridge's; `0.0.0.0` where a probe or a
+    scraper reaches it from outside (the k8s manifests, the Docker image)."""
     processing_guarantee: Literal["at_least_once", "exactly_once"] = "exactly_once"
-    engine: Literal["aiokafka", "librdkafka"] = "librdkafka"
+    engine: Literal["librdkafka"] = "librdkafka"
     """The Kafka clients under the stages (env STREAMS_ENGINE): `librdkafka` (confluent-kafka,
-    streams.engine.librdkafka: incremental rebalances, one transactional producer per emit
-    member, exactly-once v2), or `aiokafka` (streams.engine.aio: eager rebalances, a
-    transactional producer per input partition; the engine before 2026-12). Both run the same
-    stage logic, and either takes over the other's groups, offsets and changelogs."""
+    streams.engine.librdkafka), the only one. `aiokafka`, the engine before 2026-12, was
+    removed: its deployments upgrade in place, keeping their groups, offsets and state
+    (docs/upgrading.md)."""
     group_protocol: Literal["consumer", "classic"] = "consumer"
     """The consumer group protocol of the `librdkafka` engine (env STREAMS_GROUP_PROTOCOL):
     `consumer` (KIP-848, Kafka 4.x), or `classic` with the cooperative-sticky assignor for
@@ -288,6 +292,17 @@ class StreamConfig(_Strict):
     """A static member leaves its groups when it stops (env STREAMS_LEAVE_GROUP_ON_STOP): for
     a worker that is not coming back (a scale-in), so its partitions move at once instead of
     after the session timeout (streams.engine.membership). SIGUSR1 does the same for one stop."""
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine_removed(cls, value: Any) -> Any:
+        if value == "aiokafka":
+            raise ValueError(
+                "the aiokafka engine was removed (2026-12): unset STREAMS_ENGINE; the "
+                "librdkafka engine takes over its groups, offsets and state "
+                "(docs/upgrading.md)"
+            )
+        return value
 
     @field_validator("repartition_topic", "dead_letter_topic")
     @classmethod

@@ -13,7 +13,7 @@ from prometheus_client import Counter, Gauge, Histogram
 STAGES = ("normalize", "emit")
 REFUSED_OUTCOMES = ("dead-lettered", "dropped")
 """What became of a record Kafka refused: replaced by a dead letter, or dropped
-(streams/engine/aio/producer.py)."""
+(streams/engine/outcomes.py)."""
 
 RECEIVED = Counter("storage_events_received", "Raw deliveries read from the raw topics", ["source"])
 NORMALIZED = Counter(

@@ -8,43 +8,27 @@ trusted: its stored offsets lie past the new changelog's end, so nothing is rest
 ids count as duplicates. `Binding` records the cluster id and the changelog topics' topic ids
 next to the state (`binding.json`); the store compares it with the cluster's at every restore.
 
-Topic ids (KIP-516) come from a Metadata v12 request (responses carry topic ids from v10;
-MetadataRequest.json of the Kafka clients: "Version 12 supports topic Id"; Kafka 4.4 answers
-v0-v13):
-aiokafka 0.14 speaks Metadata up to v5, which has the cluster id but no topic ids, and its
-admin client has no DescribeTopics with ids, so the request and its response are declared here
-in aiokafka's own protocol types. A broker that cannot answer v12 gives no topic ids; the
-binding then holds the cluster id only (the one thing v5 gives that changes with the cluster),
-and the log says so.
+The cluster id and the topic ids (KIP-516) come from confluent-kafka's AdminClient
+(`describe_cluster`, `describe_topics`). A cluster that gives no topic id for a topic (the
+zero id) leaves it None: the binding then holds the cluster id only for it.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from io import BytesIO
 from pathlib import Path
-from typing import Any
 
-from aiokafka.client import AIOKafkaClient
-from aiokafka.errors import for_code
-from aiokafka.protocol.api import Request, RequestStruct, Response
-from aiokafka.protocol.metadata import MetadataRequest
-from aiokafka.protocol.types import (
-    Boolean,
-    CompactArray,
-    CompactString,
-    Int16,
-    Int32,
-    Schema,
-    TaggedFields,
-)
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
+from confluent_kafka.admin import AdminClient
+
+from streams.kafka_settings import KafkaSettings
 
 BINDING_FILE = "binding.json"
 UNKNOWN_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"
-"""The zero id: what Metadata answers for a topic it has no id for."""
+"""The zero id: what Kafka answers for a topic it has no id for."""
+TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,126 +99,23 @@ def write_binding(directory: Path, binding: Binding) -> None:
     staging.replace(directory / BINDING_FILE)
 
 
-class _Uuid:
-    """Kafka's `uuid` type (16 bytes; aiokafka has none), as Kafka prints it: URL-safe
-    base64 without padding, as `kafka-topics.sh --describe` shows a TopicId."""
+def fetch_binding(kafka: KafkaSettings | str, topics: Iterable[str]) -> Binding:
+    """The cluster id and the topic ids of `topics`, from the cluster (blocking: a thread's).
 
-    @classmethod
-    def encode(cls, value: str) -> bytes:
-        return base64.urlsafe_b64decode(value + "==")
-
-    @classmethod
-    def decode(cls, data: BytesIO) -> str:
-        raw = data.read(16)
-        if len(raw) != 16:
-            raise ValueError("Buffer underrun decoding uuid")
-        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-    @classmethod
-    def repr(cls, value: Any) -> str:
-        return repr(value)
-
-
-class MetadataResponse_v12(Response):  # type: ignore[misc]  # aiokafka is untyped here
-    """Metadata v12 (flexible): MetadataResponse.json of the Kafka clients, fields of v12."""
-
-    API_KEY = 3
-    API_VERSION = 12
-    SCHEMA = Schema(
-        ("throttle_time_ms", Int32),
-        (
-            "brokers",
-            CompactArray(
-                ("node_id", Int32),
-                ("host", CompactString("utf-8")),
-                ("port", Int32),
-                ("rack", CompactString("utf-8")),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("cluster_id", CompactString("utf-8")),
-        ("controller_id", Int32),
-        (
-            "topics",
-            CompactArray(
-                ("error_code", Int16),
-                ("name", CompactString("utf-8")),
-                ("topic_id", _Uuid),  # duck-typed like aiokafka's own types
-                ("is_internal", Boolean),
-                (
-                    "partitions",
-                    CompactArray(
-                        ("error_code", Int16),
-                        ("partition_index", Int32),
-                        ("leader_id", Int32),
-                        ("leader_epoch", Int32),
-                        ("replica_nodes", CompactArray(Int32)),
-                        ("isr_nodes", CompactArray(Int32)),
-                        ("offline_replicas", CompactArray(Int32)),
-                        ("tags", TaggedFields),
-                    ),
-                ),
-                ("topic_authorized_operations", Int32),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("tags", TaggedFields),
-    )
-
-
-class MetadataRequest_v12(RequestStruct):  # type: ignore[misc]
-    FLEXIBLE_VERSION = True
-    API_KEY = 3
-    API_VERSION = 12
-    RESPONSE_TYPE = MetadataResponse_v12
-    SCHEMA = Schema(
-        (
-            "topics",
-            CompactArray(
-                ("topic_id", _Uuid),
-                ("name", CompactString("utf-8")),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("allow_auto_topic_creation", Boolean),
-        ("include_topic_authorized_operations", Boolean),
-        ("tags", TaggedFields),
-    )
-
-
-class TopicIdsRequest(Request[MetadataRequest_v12]):  # type: ignore[misc]
-    """Metadata of named topics with their ids; v12 only (see the module's docstring)."""
-
-    API_KEY = 3
-
-    def __init__(self, topics: Iterable[str]) -> None:
-        self._topics = sorted(topics)
-
-    def build(self, request_struct_class: type[MetadataRequest_v12]) -> MetadataRequest_v12:
-        return request_struct_class(
-            [(UNKNOWN_TOPIC_ID, topic, {}) for topic in self._topics], False, False, {}
-        )
-
-
-async def fetch_binding(client: AIOKafkaClient, topics: Iterable[str]) -> Binding:
-    """The cluster id and the topic ids of `topics`, from a started client's cluster.
-
-    A topic the cluster does not have raises its Kafka error (UnknownTopicOrPartitionError):
-    there is no changelog to bind to, and the caller retries. A broker without Metadata v12
-    gives the cluster id (Metadata v2+) and no topic ids."""
+    A topic the cluster does not have raises KafkaException (UNKNOWN_TOPIC_OR_PART): there is
+    no changelog to bind to, and the caller retries."""
     topics = sorted(topics)
-    node_id = client.get_random_node()
-    try:
-        response = await client.send(node_id, TopicIdsRequest(topics))
-    except NotImplementedError:  # aiokafka: the broker has no version this request knows
-        older = await client.send(node_id, MetadataRequest(topics, False))
-        return Binding(str(older.cluster_id), dict.fromkeys(topics))
+    admin = AdminClient(
+        {**KafkaSettings.of(kafka).librdkafka_config(), "client.id": "storage-events-binding"}
+    )
+    cluster = admin.describe_cluster(request_timeout=TIMEOUT_S).result(TIMEOUT_S + 5)
+    described = admin.describe_topics(TopicCollection(topics), request_timeout=TIMEOUT_S)
     found: dict[str, str | None] = {}
-    for error_code, name, topic_id, *_ in response.topics:
-        if error_code:
-            raise for_code(error_code)(f"changelog topic {name}")
+    for name, future in described.items():
+        topic_id = str(future.result(TIMEOUT_S + 5).topic_id)
         found[name] = None if topic_id == UNKNOWN_TOPIC_ID else topic_id
     missing = [topic for topic in topics if topic not in found]
     if missing:
-        raise for_code(3)(f"changelog topics {', '.join(missing)}")
-    return Binding(str(response.cluster_id), found)
+        error = KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"changelog topics {missing}")
+        raise KafkaException(error)
+    return Binding(str(cluster.cluster_id), found)

@@ -12,9 +12,10 @@ died (`python -m streams remove-member --instance-id NAME`).
 The removal is LeaveGroup v3+ (KIP-345): its `members` list names the member by
 `group_instance_id` with an unknown (empty) member id, which the coordinator accepts for a
 static member, as the Java admin client's `removeMembersFromConsumerGroup` does. aiokafka
-0.14 speaks LeaveGroup v0-v1 only (one member id, no instance id), so v3 is declared here in
-aiokafka's own protocol types (LeaveGroupRequest.json / LeaveGroupResponse.json of the Kafka
-clients; v3 is the last non-flexible version; Kafka 4.4 answers v0-v5).
+0.14 speaks LeaveGroup v0-v1 only (one member id, no instance id), and confluent-kafka has no
+such call, so v3 is declared in streams.engine.protocol (LeaveGroupRequest.json /
+LeaveGroupResponse.json of the Kafka clients; v3 is the last non-flexible version; Kafka 4.4
+answers v0-v5).
 
 Which member a worker is in which group (streams.worker): `<app_id>-normalize` as
 `<instance id>-normalize`, `<app_id>-emit` as `<instance id>-emit`, and Faust's own group
@@ -35,59 +36,15 @@ from typing import Any
 
 from aiokafka.client import AIOKafkaClient, CoordinationType
 from aiokafka.errors import KafkaError, for_code
-from aiokafka.protocol.api import Request, RequestStruct, Response
-from aiokafka.protocol.types import Array, Int16, Int32, Schema, String
 from confluent_kafka.admin import AdminClient
 
+from streams.engine.protocol import LeaveStaticMembers
 from streams.kafka_settings import KafkaSettings
 
 UNKNOWN_MEMBER_ID_CODE = 25
 """The member is not in the group (or the group does not exist)."""
 FENCED_INSTANCE_ID_CODE = 82
 """Another member id holds the instance id (the member came back in the meantime)."""
-
-
-class LeaveGroupResponse_v3(Response):  # type: ignore[misc]  # aiokafka is untyped here
-    API_KEY = 13
-    API_VERSION = 3
-    SCHEMA = Schema(
-        ("throttle_time_ms", Int32),
-        ("error_code", Int16),
-        (
-            "members",
-            Array(
-                ("member_id", String("utf-8")),
-                ("group_instance_id", String("utf-8")),  # nullable: -1 length is None
-                ("error_code", Int16),
-            ),
-        ),
-    )
-
-
-class LeaveGroupRequest_v3(RequestStruct):  # type: ignore[misc]
-    API_KEY = 13
-    API_VERSION = 3
-    RESPONSE_TYPE = LeaveGroupResponse_v3
-    SCHEMA = Schema(
-        ("group_id", String("utf-8")),
-        ("members", Array(("member_id", String("utf-8")), ("group_instance_id", String("utf-8")))),
-    )
-
-
-class LeaveStaticMembers(Request[LeaveGroupRequest_v3]):  # type: ignore[misc]
-    """LeaveGroup for static members named by group.instance.id (v3 only: older versions
-    cannot name an instance id, so a broker without v3 raises NotImplementedError)."""
-
-    API_KEY = 13
-
-    def __init__(self, group_id: str, instance_ids: Sequence[str]) -> None:
-        self._group_id = group_id
-        self._instance_ids = list(instance_ids)
-
-    def build(self, request_struct_class: type[LeaveGroupRequest_v3]) -> LeaveGroupRequest_v3:
-        return request_struct_class(
-            self._group_id, [("", instance_id) for instance_id in self._instance_ids]
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""What a producer's `send_all` reports, for either engine: where Kafka stored each partition's
+"""What a producer's `send_all` reports: where Kafka stored each partition's
 records (Acknowledged), what it refused for what the records are (Refused), and what replaces
 a refused record by default (DeadLetters: a dead letter of it, then one without its value)."""
 
@@ -22,6 +22,15 @@ VALUE_DROPPED_HEADER = "error.value-dropped"
 
 Replace = Callable[[OutRecord, str], OutRecord | None]
 """What to write instead of a record Kafka refused (with the reason); None drops it."""
+
+
+class RecordsRefused(Exception):
+    """Kafka refused these records (with the reason each): the transaction was aborted, and
+    the caller replaces them and commits again (streams.engine.librdkafka.transactions)."""
+
+    def __init__(self, refused: list[tuple[OutRecord, str]]) -> None:
+        super().__init__(f"Kafka refused {len(refused)} records")
+        self.refused = refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +127,9 @@ class Acknowledged:
 
 
 class Sender:
-    """The frame both engines' senders share (streams.engine.aio.producer.RecordSender,
-    streams.engine.librdkafka.producer.RdRecordSender): each `send_all` call is one writer of
-    its stage for `progress`, whose trouble ends with the call however it ends."""
+    """The frame of a stage's sender (streams.engine.librdkafka.producer.RdRecordSender):
+    each `send_all` call is one writer of its stage for `progress`, whose trouble ends with
+    the call however it ends."""
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,7 +41,6 @@ from pathlib import Path
 
 import rocksdict
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.client import AIOKafkaClient
 
 from streams.core.records import OutRecord
 from streams.engine.binding import Binding, fetch_binding, mismatch, read_binding, write_binding
@@ -56,10 +56,22 @@ SWEEP_FLUSH_KEYS = 5_000
 """Deletions in a row that make a file worth compacting; a sweep that deletes this many
 flushes its memtable, so the compaction can happen now rather than after later writes."""
 
+STATE_DIR_MODE = 0o700
+"""The state holds every tenant's keys: its directories are the worker's user's alone (the
+files in them inherit nothing, but cannot be reached through a private directory)."""
+
 ExpiryReader = Callable[[bytes], float | None]
 """Reads the absolute expiry (epoch seconds) out of a stored value; None if it has none."""
 Writes = Mapping[tuple[str, int], Mapping[bytes, bytes | None]]
 """(table, partition) -> key -> value, or None to delete."""
+
+
+def private(path: Path) -> None:
+    """Make a directory the worker owns readable by its user only (STATE_DIR_MODE), whatever
+    the umask it was made under; one it does not own (a volume's root) is left as it is."""
+    info = path.stat()
+    if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+        path.chmod(STATE_DIR_MODE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +152,8 @@ class StateStore:
             except Exception as exc:  # rocksdict raises plain Exception (a full disk, say)
                 log.warning("flushing %s-%d before closing failed: %s", *place, exc)
             db.close()
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+        private(self.directory)
         for table, partition in sorted(wanted - set(self._dbs)):
             self._dbs[(table, partition)] = _open(self.directory / f"{table}-{partition}.db")
 
@@ -264,16 +277,11 @@ class StateStore:
         if not partitions:
             self.close()
             return Restored(0, 0, 0.0)
+        current = await asyncio.to_thread(fetch_binding, kafka, self._changelogs.values())
         client_options = {
             **KafkaSettings.of(kafka).aiokafka_args(),
             "client_id": "storage-events-restore",
         }
-        client = AIOKafkaClient(**client_options)
-        try:
-            await client.bootstrap()
-            current = await fetch_binding(client, self._changelogs.values())
-        finally:
-            await client.close()
         self.bind(current)
         self.open(partitions)
         places = {

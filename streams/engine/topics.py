@@ -30,7 +30,7 @@ MARKS_TABLE = "marks"
 # topic; every topic the stream creates sets its own explicitly (the broker default of 1 MiB
 # is nobody's decision), and what the worker writes is held below them: stage one
 # dead-letters an event whose records would not fit (streams.core.routing), and a record Kafka
-# refuses anyway is replaced by a dead letter (streams.engine.aio.producer).
+# refuses anyway is replaced by a dead letter (streams.engine.librdkafka.producer).
 RAW_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """A raw record as a bridge writes it, headers included (the webhook's body limit is 1 MiB
 by default; the bridges bound the whole record to this)."""

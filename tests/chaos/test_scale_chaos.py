@@ -4,12 +4,6 @@ to SIGKILL past the session timeout, has one frozen (SIGSTOP) past it and resume
 in 3 -> 2 with leave-for-good. Nothing lost, duplicated or misordered, no worker exit the run
 did not cause, the scale-in's partitions processed again within 5 s. The table is printed in
 the terminal summary.
-
-With the aiokafka engine (STREAMS_ENGINE=aiokafka; librdkafka is the default) a worker
-frozen past its session timeout crashes when it resumes (its open transaction is fenced:
-ProducerFenced, issue 15's first point), so the run reports an unexpected exit: that one
-failure, and only that one, is an expected failure for that engine (xfail, not strict); any
-other failure fails the test.
 """
 
 from __future__ import annotations
@@ -23,19 +17,6 @@ from support.chaos_harness import Harness
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
 ARGS = ["--deliveries", "40000", "--rate", "350", "--session-timeout-s", "10"]
-ENGINE = os.environ.get("STREAMS_ENGINE", "librdkafka")
-
-
-def documented_aiokafka_failure(result: dict[str, object]) -> bool:
-    """The run failed only because the frozen worker crashed on resume with ProducerFenced."""
-    exits = result["unexpected_exits"]
-    failures = result["failures"]
-    assert isinstance(exits, list) and isinstance(failures, list)
-    return (
-        bool(exits)
-        and all(e["phase"] == "SIGSTOP" and "Fenced" in e["cause"] for e in exits)
-        and all("exit(s) the run did not cause" in failure for failure in failures)
-    )
 
 
 @pytest.mark.timeout(600)
@@ -52,7 +33,6 @@ def test_scale_out_chaos_run_loses_nothing_and_keeps_its_workers(
     )
     result, table = run.result, run.table
     data = result["data"]
-    # The data guarantees hold whatever the engine.
     assert data["deliveries"] == 40000
     assert data["changes_sent"] > 20000
     assert data["lost"] == 0, table
@@ -70,10 +50,5 @@ def test_scale_out_chaos_run_loses_nothing_and_keeps_its_workers(
     again = result["scale_in_processed_again_s"]
     assert again is not None and again <= 5.0, table
     assert result["per_partition"], table
-    if run.process.returncode != 0 and ENGINE == "aiokafka" and documented_aiokafka_failure(result):
-        pytest.xfail(
-            "aiokafka engine: the worker frozen past its session timeout crashed on resume "
-            "(ProducerFenced from its open transaction; issue 15, item 3)"
-        )
     assert run.process.returncode == 0, f"{result['failures']}\n{table}"
     assert result["unexpected_exits"] == [], table

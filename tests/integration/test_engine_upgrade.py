@@ -1,16 +1,21 @@
-"""Switching a deployment's engine (STREAMS_ENGINE) under the same app id, configuration and
-state directory: from the aiokafka engine (classic groups, a transactional producer per input
-partition) to the librdkafka engine (KIP-848 on the same group ids, one transactional producer
-per emit member), and back, as an operator rolling back would.
+"""Upgrading a deployment from the aiokafka engine (removed 2026-12) under the same app id,
+configuration and state directory, and switching the group protocol (STREAMS_GROUP_PROTOCOL)
+either way, as an operator rolling back to classic groups would.
+
+What an aiokafka-engine deployment leaves behind is what a deployment on classic groups
+leaves (the same group ids, their committed offsets, the same changelog topics: both engines
+wrote one state format), plus, if it was killed, a transaction open under one of its
+per-partition transactional ids (`<app id>-emit-<partition>`). The first life here runs the
+stages as classic members (`STREAMS_GROUP_PROTOCOL=classic`); the open transaction is made
+by aiokafka itself, as that engine's producers made theirs.
 
 The broker converts a classic group to the consumer protocol when a KIP-848 member joins it,
 and back when a classic member joins an empty consumer group (Kafka 4.x,
 `group.consumer.migration.policy`, `bidirectional` by default), keeping its committed offsets:
 an empty group (after a SIGTERM) and one that still holds a SIGKILLed worker's static members
 (online migration) alike. The dedupe ids and ordering marks come back from the same changelog
-topics.
-So the switched worker re-emits nothing, drops copies of what the old engine emitted, and sends
-an older change of a key the old engine emitted to the stale topic."""
+topics. So the upgraded worker re-emits nothing, drops copies of what the old one emitted, and
+sends an older change of a key the old one emitted to the stale topic."""
 
 from __future__ import annotations
 
@@ -32,8 +37,8 @@ pytestmark = pytest.mark.kafka
 INSTANCE_ID = "storage-events-0"
 """A fixed STREAMS_GROUP_INSTANCE_ID, as the k8s StatefulSet gives each pod."""
 AIOKAFKA_TRANSACTION_TIMEOUT_MS = 60_000
-"""aiokafka's default `transaction_timeout_ms`, which the aiokafka engine's producers keep
-(streams.engine.aio.producer.PRODUCER_SETTINGS does not set it)."""
+"""aiokafka's default `transaction_timeout_ms`, which the aiokafka engine's producers kept
+(they did not set it)."""
 
 Delivery = tuple[bytes, list[tuple[str, bytes]]]
 
@@ -42,26 +47,26 @@ def _delivery(key: str, sequencer: int) -> Delivery:
     return raw(s3_body(s3_record(key, f"{sequencer:016X}")), "s3")
 
 
-def _deployment(bootstrap: str, names: Topology, workdir: Path, engine: str) -> Worker:
+def _deployment(bootstrap: str, names: Topology, workdir: Path, protocol: str) -> Worker:
     """One deployment (a k8s pod): its instance id, state directory and address (Faust's
-    own group checks a static member's URL) stay whatever the engine."""
+    own group checks a static member's URL) stay whatever the group protocol."""
     return Worker(
         bootstrap,
         names.config(),
         workdir,
-        env={"STREAMS_ENGINE": engine, "STREAMS_GROUP_INSTANCE_ID": INSTANCE_ID},
+        env={"STREAMS_GROUP_PROTOCOL": protocol, "STREAMS_GROUP_INSTANCE_ID": INSTANCE_ID},
     )
 
 
-def _switch(worker: Worker, engine: str) -> int:
-    """The same deployment restarted on `engine`; where its log of the new life starts."""
-    worker.env["STREAMS_ENGINE"] = engine
+def _switch(worker: Worker, protocol: str) -> int:
+    """The same deployment restarted on `protocol`; where its log of the new life starts."""
+    worker.env["STREAMS_GROUP_PROTOCOL"] = protocol
     return worker.log_path.stat().st_size
 
 
-PROTOCOL = {"aiokafka": ConsumerGroupType.CLASSIC, "librdkafka": ConsumerGroupType.CONSUMER}
-"""The group type each engine's stage members make of their groups (librdkafka: the default
-`stream.group_protocol = "consumer"`)."""
+PROTOCOL = {"classic": ConsumerGroupType.CLASSIC, "consumer": ConsumerGroupType.CONSUMER}
+"""The group type the stage members make of their groups under each STREAMS_GROUP_PROTOCOL
+(classic: as the aiokafka engine's did)."""
 
 
 def _group_types(bootstrap: str, names: Topology) -> list[ConsumerGroupType]:
@@ -91,10 +96,8 @@ def _first_life(bootstrap: str, names: Topology, worker: Worker, kill: bool = Fa
     return keys
 
 
-@pytest.mark.parametrize(
-    ("before", "after"), [("aiokafka", "librdkafka"), ("librdkafka", "aiokafka")]
-)
-def test_a_switched_engine_goes_on_where_the_other_stopped_with_its_state(
+@pytest.mark.parametrize(("before", "after"), [("classic", "consumer"), ("consumer", "classic")])
+def test_a_switched_group_protocol_goes_on_where_the_other_stopped_with_its_state(
     kafka_bootstrap: str, tmp_path: Path, before: str, after: str
 ) -> None:
     names = Topology()
@@ -124,7 +127,7 @@ def test_a_switched_engine_goes_on_where_the_other_stopped_with_its_state(
 
     # The broker converted the (empty) groups to the other protocol, their offsets kept.
     assert _group_types(kafka_bootstrap, names) == [PROTOCOL[after]] * 2
-    assert received == 9, f"the {before} engine's committed deliveries were read again"
+    assert received == 9, f"the {before} groups' committed deliveries were read again"
     assert (emitted, duplicates) == (5, 3)
     output = asyncio.run(read_topic(kafka_bootstrap, names.output("default")))
     assert _keys(output) == sorted(first + fresh_keys)  # each once: nothing re-emitted
@@ -158,15 +161,16 @@ asyncio.run(main(args[0], args[1], args[2], args[3], int(args[4]), int(args[5]),
 def test_a_transaction_the_aiokafka_engine_left_open_is_fenced_not_applied(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    """A SIGKILLed aiokafka worker leaves its per-partition transaction open
-    (`<app id>-emit-<partition>`, holding the emit group's offsets). The librdkafka engine's own
-    producer (`<app id>-emit-<member>`) does not fence it, so before reading the partitions'
-    committed offsets (require_stable) its emit member initialises those per-partition ids
+    """A SIGKILLed aiokafka-engine worker left its per-partition transaction open
+    (`<app id>-emit-<partition>`, holding the emit group's offsets) and its static members in
+    the classic groups. The worker's own producer (`<app id>-emit-<member>`) does not fence
+    it, so before reading the partitions' committed offsets (require_stable) its emit member
+    initialises those per-partition ids
     (streams.engine.librdkafka.transactions.fence_partition_ids), which aborts it at once
     instead of at its transaction timeout (63-70 s without). Nothing of it is applied; the
-    figure is how long the switched worker took to emit."""
+    figure is how long the upgraded worker took to emit."""
     names = Topology()
-    worker = _deployment(kafka_bootstrap, names, tmp_path, "aiokafka")
+    worker = _deployment(kafka_bootstrap, names, tmp_path, "classic")
     first = _first_life(kafka_bootstrap, names, worker, kill=True)
     repartition = f"{names.app_id}.by-key"
     offsets = asyncio.run(committed(kafka_bootstrap, f"{names.app_id}-emit", repartition))
@@ -191,7 +195,7 @@ def test_a_transaction_the_aiokafka_engine_left_open_is_fenced_not_applied(
     opened_at = time.monotonic()
     assert opened.stdout.strip() == b"open", opened.stderr.decode()
 
-    _switch(worker, "librdkafka")
+    _switch(worker, "consumer")
     try:
         worker.start(wait_ready=False)
         fresh_keys = [f"second/{n}.txt" for n in range(6)]

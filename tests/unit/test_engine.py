@@ -11,13 +11,23 @@ from streams.engine.librdkafka.producer import acknowledgements, producer_config
 from streams.kafka_settings import KafkaSettings
 
 
-def test_the_engine_defaults_to_librdkafka_speaking_kip_848() -> None:
+def test_the_engine_is_librdkafka_speaking_kip_848_by_default() -> None:
     stream = load_settings(environ={}).stream
     assert (stream.engine, stream.group_protocol) == ("librdkafka", "consumer")
     chosen = load_settings(
-        environ={"STREAMS_ENGINE": "aiokafka", "STREAMS_GROUP_PROTOCOL": "classic"}
+        environ={"STREAMS_ENGINE": "librdkafka", "STREAMS_GROUP_PROTOCOL": "classic"}
     ).stream
-    assert (chosen.engine, chosen.group_protocol) == ("aiokafka", "classic")
+    assert (chosen.engine, chosen.group_protocol) == ("librdkafka", "classic")
+
+
+def test_the_removed_aiokafka_engine_stops_start_up_saying_how_to_upgrade() -> None:
+    """A deployment that still sets STREAMS_ENGINE=aiokafka is told, naming the field, that
+    the engine is gone and that unsetting it upgrades in place."""
+    with pytest.raises(ConfigError) as caught:
+        load_settings(environ={"STREAMS_ENGINE": "aiokafka"})
+    message = str(caught.value)
+    assert "STREAMS_ENGINE" in message and "engine" in message
+    assert "removed" in message and "docs/upgrading.md" in message
 
 
 @pytest.mark.parametrize(
@@ -107,7 +117,7 @@ def test_librdkafka_lines_repeat_once_per_cause_not_once_per_template() -> None:
     ]
 
 
-def test_a_refusal_reads_as_on_the_aiokafka_engine() -> None:
+def test_a_refusal_reads_as_aiokafka_names_it() -> None:
     from confluent_kafka import KafkaError
 
     from streams.engine.librdkafka.producer import refusal_error

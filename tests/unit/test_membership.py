@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import struct
 
-from streams.engine.membership import (
-    GroupView,
-    LeaveGroupResponse_v3,
-    LeaveStaticMembers,
-    outcome_of,
-    worker_members,
-)
+from streams.engine.membership import GroupView, outcome_of, worker_members
+from streams.engine.protocol import LeaveGroupResponse_v3, LeaveStaticMembers
 
 
 def test_leave_group_v3_names_each_member_by_its_instance_id_with_no_member_id() -> None:

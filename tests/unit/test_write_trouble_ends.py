@@ -13,10 +13,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from aiokafka.errors import ProducerFenced
 
 from streams import progress as progress_module
-from streams.engine.aio.transactions import PartitionTransactions
 from streams.engine.librdkafka import transactions as rd_transactions
 from streams.progress import Progress, Stopping
 
@@ -73,25 +71,6 @@ def test_a_librdkafka_transaction_given_up_on_stopping_leaves_no_trouble(
     assert not progress.in_trouble("emit")
 
 
-def test_a_slow_aiokafka_transaction_whose_producer_was_fenced_leaves_no_trouble() -> None:
-    progress = Progress()
-    txns = PartitionTransactions("127.0.0.1:1", "app", "app-emit", progress)
-    seen_in_trouble: list[bool] = []
-
-    async def slow_then_fenced() -> None:
-        await asyncio.sleep(SLOW_S * 4)
-        seen_in_trouble.append(progress.in_trouble("emit"))
-        raise ProducerFenced()
-
-    async def scenario() -> None:
-        with pytest.raises(ProducerFenced):
-            await txns._retrying(3, "a transaction", slow_then_fenced)
-
-    asyncio.run(asyncio.wait_for(scenario(), 5))
-    assert seen_in_trouble == [True]
-    assert not progress.in_trouble("emit")
-
-
 def test_a_write_that_recovered_is_not_given_up_again(caplog: pytest.LogCaptureFixture) -> None:
     """`given_up` after `recovered` is nothing: one line, the recovery."""
     progress = Progress()
@@ -105,22 +84,17 @@ def test_a_write_that_recovered_is_not_given_up_again(caplog: pytest.LogCaptureF
     ]
 
 
-@pytest.mark.parametrize("engine", ["aiokafka", "librdkafka"])
-def test_a_slow_send_that_is_cancelled_leaves_no_trouble(
-    engine: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Either engine's sender (a stage's records, a sweep's tombstones): a revoke cancels a
+def test_a_slow_send_that_is_cancelled_leaves_no_trouble(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sender (a stage's records, a sweep's tombstones): a revoke cancels a
     `send_all` whose write was reported slow; the stage is not left named on /ready."""
     from streams.core.records import OutRecord
-    from streams.engine.aio.producer import RecordSender
     from streams.engine.librdkafka.producer import RdRecordSender
     from streams.engine.outcomes import DeadLetters
 
     progress = Progress()
 
     async def scenario() -> None:
-        cls = RecordSender if engine == "aiokafka" else RdRecordSender
-        sender = cls("127.0.0.1:1", "test", progress, DeadLetters("dead", "normalize"))
+        sender = RdRecordSender("127.0.0.1:1", "test", progress, DeadLetters("dead", "normalize"))
         never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
         async def slow(records: object, stage: str, replace: object, who: object) -> None:

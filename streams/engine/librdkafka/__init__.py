@@ -1,8 +1,7 @@
-"""The librdkafka engine (`stream.engine = "librdkafka"`): the Kafka-facing shell of the stages.
+"""The librdkafka engine: the Kafka-facing shell of the stages.
 
-The stages' decisions (normalize, route, plan, order) stay where they are and are called
-exactly as the aiokafka engine calls them (streams.worker.Pipeline's batch handlers); this
-package only moves records between Kafka and those handlers:
+The stages' decisions (normalize, route, plan, order) are the stage runners' (streams.stages);
+this package only moves records between Kafka and them:
 
 * `consumer.RdBatchLoop`: a stage's group member (confluent_kafka.Consumer, KIP-848 or
   classic cooperative-sticky), incremental assignments, batches handed to the event loop;

@@ -1,5 +1,5 @@
-"""A stage's group member on librdkafka: streams.engine.aio.consumer.BatchLoop's contract,
-incrementally.
+"""A stage's group member on librdkafka: batches handed to a handler, offsets committed after
+it (or by its transactions), partitions moving incrementally.
 
 A dedicated thread drives the confluent_kafka.Consumer: `consume(max_records, within)`
 there, and each batch is handed to the event loop, which handles it (under `lock`) while the

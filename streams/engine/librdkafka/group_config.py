@@ -32,17 +32,15 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from io import BytesIO
-from typing import Any
 
 from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.admin import ApiVersionRequest
-from aiokafka.protocol.api import Request, RequestStruct, Response, ResponseHeader_v0
-from aiokafka.protocol.types import CompactArray, CompactString, Int16, Int32, Schema, TaggedFields
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 
+from streams.engine.protocol import FEATURES, FINALIZED_FEATURES_TAG, ApiVersionsV3
 from streams.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -118,60 +116,6 @@ CONSUMER_GROUP_HEARTBEAT = 68
 GROUP_VERSION = "group.version"
 """The feature that switches KIP-848 groups on (1 and above; Kafka 4.0's default for a new
 cluster)."""
-FINALIZED_FEATURES_TAG = 2
-"""ApiVersions v3+: the tagged field of the finalized features (KIP-584)."""
-_FEATURES = CompactArray(
-    ("name", CompactString("utf-8")),
-    ("max_version_level", Int16),
-    ("min_version_level", Int16),
-    ("tags", TaggedFields),
-)
-
-
-class _ApiVersionsResponseV3(Response):  # type: ignore[misc]  # aiokafka: untyped for mypy
-    API_KEY = 18
-    API_VERSION = 3
-    SCHEMA = Schema(
-        ("error_code", Int16),
-        (
-            "api_keys",
-            CompactArray(
-                ("api_key", Int16),
-                ("min_version", Int16),
-                ("max_version", Int16),
-                ("tags", TaggedFields),
-            ),
-        ),
-        ("throttle_time_ms", Int32),
-        ("tags", TaggedFields),
-    )
-
-
-class _ApiVersionsRequestV3(RequestStruct):  # type: ignore[misc]
-    FLEXIBLE_VERSION = True
-    API_KEY = 18
-    API_VERSION = 3
-    RESPONSE_TYPE = _ApiVersionsResponseV3
-    SCHEMA = Schema(
-        ("client_software_name", CompactString("utf-8")),
-        ("client_software_version", CompactString("utf-8")),
-        ("tags", TaggedFields),
-    )
-
-    def parse_response_header(self, read_buffer: BytesIO | bytes) -> Any:
-        # ApiVersions answers with response header v0 whatever its version (KIP-511): a client
-        # cannot know the broker's flexible versions before this answer.
-        return ResponseHeader_v0.decode(read_buffer)
-
-
-class _ApiVersionsV3(Request[_ApiVersionsRequestV3]):  # type: ignore[misc]
-    """aiokafka knows ApiVersions up to v2, which carries no features."""
-
-    API_KEY = 18
-    ALLOW_UNKNOWN_API_VERSION = True
-
-    def build(self, request_struct_class: type[_ApiVersionsRequestV3]) -> _ApiVersionsRequestV3:
-        return request_struct_class("storage-events", "1", {})
 
 
 @dataclass(frozen=True)
@@ -188,12 +132,12 @@ def finalized_features(tags: dict[int, bytes]) -> dict[str, int]:
     raw = tags.get(FINALIZED_FEATURES_TAG)
     if raw is None:
         return {}
-    return {name: level for name, level, _, _ in _FEATURES.decode(BytesIO(raw)) or []}
+    return {name: level for name, level, _, _ in FEATURES.decode(BytesIO(raw)) or []}
 
 
 async def _versions(client: AIOKafkaClient, node_id: int) -> BrokerVersions:
     try:
-        response = await client.send(node_id, _ApiVersionsV3())
+        response = await client.send(node_id, ApiVersionsV3())
     except NotImplementedError:  # a broker older than 2.4 (no v3): no features, no KIP-848
         response = None
     if response is None or response.error_code != 0:  # v3 refused: its list may be empty

@@ -1,5 +1,5 @@
-"""The librdkafka engine's idempotent producer: `send_all` as
-streams.engine.aio.producer.RecordSender's.
+"""The engine's idempotent producer (`send_all`): a stage's records written, acknowledged per
+partition, refusals replaced.
 
 `produce` is called on the event loop (it only queues, in C); a dedicated thread serves the
 producer's delivery reports (`poll`) and resolves one asyncio future per `send_all` round

@@ -1,7 +1,6 @@
 """Exactly-once v2 (KIP-447) for the emit stage: one transactional producer per emit member.
 
-The aiokafka engine fences per input partition (a producer per partition, streams.
-transactions). Here one producer, `transactional.id = <app id>-emit-<member>` (the member is
+One producer, `transactional.id = <app id>-emit-<member>` (the member is
 `stream.group_instance_id`, stable across a worker's restarts, so a restarted worker aborts
 the transaction its previous life left open), writes every partition's outputs and changelog
 records, and `send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())` ties
@@ -13,7 +12,7 @@ costs a few round trips to the coordinator whatever it carries). A failure of it
 * Kafka away, a timeout: aborted and tried again (the same records), with a growing pause;
 * records Kafka refuses: aborted; a transaction of several parts is tried again part by
   part, and a part's refused batch record by record, so that `RecordsRefused` names them
-  (the caller replaces them and commits again), as in streams.engine.aio.transactions;
+  (the caller replaces them and commits again);
 * fenced producer, stale group generation or member, lost partitions: these partitions
   moved. Aborted (a fenced producer is replaced), every waiting commit fails with
   `PartitionsMoved`, and so does each later one until the emit member has rewound its
@@ -42,7 +41,6 @@ from confluent_kafka import TopicPartition as RdTopicPartition
 from streams import metrics
 from streams.core.records import OutRecord
 from streams.engine import failpoints
-from streams.engine.aio.transactions import RecordsRefused
 from streams.engine.librdkafka import settle
 from streams.engine.librdkafka.producer import (
     Round,
@@ -52,7 +50,7 @@ from streams.engine.librdkafka.producer import (
     producer_config,
     refusal_error,
 )
-from streams.engine.outcomes import MAX_BACKOFF_S, Acknowledged, refusal_reason
+from streams.engine.outcomes import MAX_BACKOFF_S, Acknowledged, RecordsRefused, refusal_reason
 from streams.kafka_settings import KafkaSettings
 from streams.progress import Progress
 
@@ -138,8 +136,9 @@ FENCE_TIMEOUT_S = 10.0
 
 
 def fence_partition_ids(kafka: KafkaSettings, app_id: str, partitions: Iterable[int]) -> None:
-    """Initialise and let go the aiokafka engine's transactional ids of `partitions`
-    (`<app_id>-emit-<partition>`, streams.engine.aio.transactions), before this member reads
+    """Initialise and let go the transactional ids of `partitions` that the aiokafka engine
+    (removed 2026-12) used, one per input partition (`<app_id>-emit-<partition>`), before this
+    member reads
     their committed offsets. After an upgrade from that engine (or during a rolling one) a
     transaction an aiokafka worker left open on them, killed or frozen, is aborted at once and
     that worker fenced: nothing else fences it (its commits carry no group generation), and
@@ -223,9 +222,8 @@ def error_of(exc: BaseException) -> KafkaError | None:
 
 
 class MemberTransactions:
-    """The emit member's transactional producer, as
-    streams.engine.aio.transactions.PartitionTransactions
-    is used: `prepare`, `commit(partition, records, offsets)`, `stop`."""
+    """The emit member's transactional producer: `prepare`, `commit(partition, records,
+    offsets)`, `stop`."""
 
     def __init__(
         self,

@@ -1,0 +1,378 @@
+"""Stage two's runner: batches of keyed events deduped and ordered per key against the
+co-partitioned state (streams.engine.store), written to the output, stale and dead-letter
+topics, and the state's changes recorded.
+
+With `exactly_once` (the default) a part's outputs, changelog records and input offsets
+commit in one transaction of the emit member (exactly-once v2: streams.engine.librdkafka.
+transactions); with `at_least_once` the outputs are written, then the changelog, then the
+loop commits the offsets. Either way the local state takes a part's writes only once Kafka
+holds them.
+
+Each partition's part of a batch is planned at once (streams.core.emitting.plan_batch),
+against its state as the parts still in flight will leave it, and written by a task that
+waits for that partition's previous part: the next batch is fetched and planned while Kafka
+still works on this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+from confluent_kafka import KafkaException
+
+from streams import metrics
+from streams.config import Settings
+from streams.core.emitting import (
+    MARKS,
+    MARKS_SWEEP_SCAN,
+    SEEN,
+    SEEN_SWEEP_SCAN,
+    EmitPlan,
+    KeyedInput,
+    PendingState,
+    decode_expiry,
+    dedupe_key,
+    deleted_mark_grace,
+    mark_forget_at,
+    mark_instance,
+    mark_revision,
+    plan_batch,
+    seen_revision,
+)
+from streams.core.records import OutRecord, RawRecord, dead_letter_record, headers_dict, parse_keyed
+from streams.engine import failpoints
+from streams.engine.batches import Batch
+from streams.engine.librdkafka.producer import RdRecordSender
+from streams.engine.librdkafka.transactions import MemberTransactions, PartitionsMoved
+from streams.engine.outcomes import DeadLetters, RecordsRefused
+from streams.engine.store import SWEEP_FLUSH_KEYS, Reviser, Revision, StateStore
+from streams.progress import Progress, Stopping
+
+log = logging.getLogger(__name__)
+
+SWEEP_LIMIT = 50_000
+"""Per table and partition, the most entries one sweep turn deletes or stamps."""
+MAX_PARTS_IN_FLIGHT = 2
+"""Per partition: emit parts planned ahead while earlier ones are written."""
+
+
+@dataclass(slots=True)
+class _Part:
+    """One partition's share of an emit batch, planned, until its state is applied."""
+
+    plan: EmitPlan
+    done: asyncio.Future[None] = field(init=False)
+
+
+class EmitStage:
+    """Dedupe, order and emit keyed events; restore and sweep the state they are decided on."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: StateStore,
+        sender: RdRecordSender,
+        transactions: MemberTransactions | None,
+        progress: Progress,
+        stop_on_failure: Callable[[str, BaseException], Awaitable[None]],
+        moved: Callable[[], None],
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.sender = sender
+        self.transactions = transactions
+        self.progress = progress
+        self.stop_on_failure = stop_on_failure
+        """Called when a part's write fails outside the stage's loop (nobody awaits it)."""
+        self.moved = moved
+        """Called when a transaction was given up because the group moved on (the member
+        rewinds to its committed offsets)."""
+        self.dead_letters = DeadLetters(settings.stream.dead_letter_topic, "emit")
+        self.tables_by_changelog = {store.changelog_topic(table): table for table in store.tables}
+        self.outcome_by_topic = {
+            topic: outcome
+            for instance in settings.instances
+            for topic, outcome in (
+                (instance.output_topic, "emitted"),
+                (instance.stale_output_topic, "stale"),
+            )
+        }
+        self.restoring: dict[str, object] = {}
+        """The last restore, for `/ready` and `python -m streams status`."""
+        self.sweeping: asyncio.Task[Any] | None = None
+        """The dedupe sweep running now, to cancel on stop."""
+        self._emitting: dict[int, list[_Part]] = {}
+        """Per partition, the parts planned but not yet in the local state, oldest first."""
+
+    # -- batches -------------------------------------------------------------------------
+
+    async def handle(self, batch: Batch) -> None:
+        """Dedupe, order and emit one batch of keyed events, per input partition (a part in
+        flight either commits, retrying, or the worker stops). With at_least_once the loop
+        commits the offsets once this returns, so every part has finished by then."""
+        now = time.time()
+        for tp, messages in batch.items():
+            if not messages:
+                continue
+            inputs = [
+                KeyedInput(
+                    tp.topic,
+                    tp.partition,
+                    message.key,
+                    message.value or b"",
+                    headers_dict(message.headers),
+                    message.offset,
+                )
+                for message in messages
+            ]
+            in_flight = self._emitting.setdefault(tp.partition, [])
+            while len(in_flight) >= MAX_PARTS_IN_FLIGHT:
+                await in_flight[0].done
+            pending = [part.plan for part in in_flight]
+            plan = plan_batch(inputs, self.settings, PendingState(self.store, pending), now)
+            previous = in_flight[-1].done if in_flight else None
+            part = _Part(plan)
+            in_flight.append(part)
+            part.done = asyncio.ensure_future(self._write(part, inputs, tp, previous))
+        if self.transactions is None:
+            await self.drain()
+
+    async def drain(self) -> None:
+        """Wait for every part in flight; raise the first that failed (parts cancelled by a
+        stop are abandoned, not failed)."""
+        parts = [part.done for in_flight in self._emitting.values() for part in in_flight]
+        results = await asyncio.gather(*parts, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(
+                result, asyncio.CancelledError | Stopping
+            ):
+                raise result
+
+    def abort(self) -> None:
+        """Cancel the parts in flight and the sweep (their input offsets stay uncommitted)."""
+        for in_flight in self._emitting.values():
+            for part in in_flight:
+                part.done.cancel()
+        if self.sweeping is not None:
+            self.sweeping.cancel()
+
+    async def _write(
+        self,
+        part: _Part,
+        inputs: Sequence[KeyedInput],
+        tp: TopicPartition,
+        previous: asyncio.Future[None] | None,
+    ) -> None:
+        """Write a planned part's outputs and changelog (in one transaction for
+        exactly_once), then its local state. Records Kafka refuses are replaced (dead
+        letters) and the plan's writes follow: what is applied locally is what was written."""
+        try:
+            if previous is not None:
+                await previous  # its failure is this part's too: the partition stops here
+            plan = part.plan
+
+            def replace(record: OutRecord, reason: str) -> OutRecord | None:
+                return self._replace_refused(plan, inputs, record, reason)
+
+            if self.transactions is not None:
+                offsets = {tp: inputs[-1].offset + 1}
+                while True:
+                    changelog_records = self.store.changelog_records(plan.writes)
+                    try:
+                        written = await self.transactions.commit(
+                            tp.partition, [*plan.outputs, *changelog_records], offsets
+                        )
+                        break
+                    except RecordsRefused as exc:  # aborted: replace them, then again
+                        self._replace_in_plan(plan, inputs, exc.refused)
+                failpoints.reached("after-output")
+            else:
+                await self.sender.send_all(plan.outputs, "emit", replace)
+                failpoints.reached("after-output")
+                changelog_records = self.store.changelog_records(plan.writes)
+                sent = await self.sender.send_all(changelog_records, "emit", replace)
+                written = sent.acknowledged
+            acknowledged_at = time.time()
+            self.store.apply(plan.writes, written)
+            self._emitting[tp.partition].remove(part)
+            for (instance, outcome), count in plan.outcomes.items():
+                if outcome == "dead_letter":
+                    metrics.DEAD_LETTERED.labels("emit").inc(count)
+                else:
+                    metrics.OUTCOME_COUNTERS[outcome].labels(instance).inc(count)
+            for instance, received_at in plan.received_at:
+                with contextlib.suppress(ValueError):  # a bridge's unreadable received-at header
+                    metrics.LATENCY.labels(instance).observe(acknowledged_at - float(received_at))
+        except PartitionsMoved:
+            # The transaction was aborted, the group moved on. Nothing of it is applied; the
+            # member rewinds to the committed offsets (never a crash).
+            with contextlib.suppress(ValueError):
+                self._emitting[tp.partition].remove(part)
+            self.moved()
+        except Stopping:
+            raise
+        except Exception as exc:
+            # Nobody awaits this task before the next batch of its partition, which may
+            # never come: stop the worker now, as a failing stage loop does.
+            await self.stop_on_failure("emit", exc)
+            raise
+
+    def _replace_refused(
+        self, plan: EmitPlan, inputs: Sequence[KeyedInput], record: OutRecord, reason: str
+    ) -> OutRecord | None:
+        """What replaces an emit record Kafka refused, with the plan adjusted to it.
+
+        An output or stale record: a dead letter of the keyed record it came from, whose
+        dedupe id is no longer recorded (a replay of the dead letter after the fix is no
+        duplicate); its key's ordering mark stays, at worst making an older event stale. A
+        changelog record: nothing, and its write is not applied locally either (the state
+        stays what the changelog says). A dead letter: streams.engine.outcomes.DeadLetters."""
+        table = self.tables_by_changelog.get(record.topic)
+        if table is not None:
+            assert record.partition is not None and record.key is not None
+            plan.writes.get((table, record.partition), {}).pop(record.key, None)
+            log.error("dropped a changelog record Kafka refused (%s): %s", table, reason)
+            return None
+        if record.topic == self.dead_letters.topic:
+            return self.dead_letters(record, reason)
+        item = next((item for item in inputs if item.value is record.value), None)
+        if item is None:  # its value is not an input's (a keyed record of the first format)
+            item = next((item for item in inputs if item.value == record.value), None)
+        outcome = self.outcome_by_topic.get(record.topic)
+        if item is None:
+            return self.dead_letters(record, reason)
+        with contextlib.suppress(ValueError):
+            event = parse_keyed(item.value, item.headers)
+            seen = plan.writes.get((SEEN, item.partition), {})
+            seen.pop(dedupe_key(event, self.settings.instance(event.instance)), None)
+            if outcome is not None:
+                plan.outcomes[(event.instance, outcome)] -= 1
+                plan.outcomes[(event.instance, "dead_letter")] += 1
+        raw = RawRecord(item.topic, item.value, item.headers)
+        return dead_letter_record(self.dead_letters.topic, raw, item.key, reason, "emit")
+
+    def _replace_in_plan(
+        self, plan: EmitPlan, inputs: Sequence[KeyedInput], refused: list[tuple[OutRecord, str]]
+    ) -> None:
+        """The transactional path: replace the refused records in the plan itself."""
+        for record, reason in refused:
+            replacement = self._replace_refused(plan, inputs, record, reason)
+            outcome = "dead-lettered" if replacement is not None else "dropped"
+            metrics.REFUSED.labels(record.topic, outcome).inc()
+            log.error("%s; %s", reason, outcome)
+            index = next((n for n, output in enumerate(plan.outputs) if output is record), None)
+            if index is None:
+                continue  # a changelog record: its write is gone from the plan
+            if replacement is None:
+                del plan.outputs[index]
+            else:
+                plan.outputs[index] = replacement
+
+    # -- state ---------------------------------------------------------------------------
+
+    def release(self, kept: set[TopicPartition]) -> None:
+        """Partitions revoked or lost: close their local state; those kept stay open."""
+        self.store.open({tp.partition for tp in kept})
+
+    async def restore(self, assigned: set[TopicPartition]) -> None:
+        """Before the stage handles a partition: fence its earlier owner (exactly_once),
+        then bring its state up to the end of the changelog."""
+        partitions = {tp.partition for tp in assigned}
+        self.restoring = {
+            "state": "restoring",
+            "partitions": sorted(partitions),
+            "since": time.time(),
+        }
+        metrics.RESTORING.set(len(partitions))  # 0 again below (the process ends otherwise)
+        if self.transactions is not None:
+            await self.transactions.prepare(partitions)
+        delay = 0.5
+        while True:
+            try:
+                restored = await self.store.restore(
+                    self.settings.kafka, partitions, {SEEN: decode_expiry, MARKS: mark_forget_at}
+                )
+                break
+            except (KafkaError, KafkaException) as exc:  # Kafka away: the rest is read again
+                self.progress.trouble("emit", "restore", f"restoring state failed ({exc!r})")
+                await self.progress.pause(delay)
+                delay = min(delay * 2, 5.0)
+        metrics.RESTORING.set(0)
+        metrics.RESTORE_SECONDS.observe(restored.seconds)
+        metrics.RESTORED_RECORDS.inc(restored.records)
+        self.progress.recovered("emit")
+        self.restoring = {
+            "state": "restored",
+            "partitions": sorted(partitions),
+            "records": restored.records,
+            "seconds": round(restored.seconds, 3),
+        }
+        log.info(
+            "state of %d partitions restored: %d changelog records in %.2f s",
+            restored.partitions,
+            restored.records,
+            restored.seconds,
+        )
+
+    async def sweep(self, now: float) -> None:
+        """Forget dedupe entries past their TTL and deleted keys' marks past their grace
+        (stamping those written before marks expired: streams.core.emitting.mark_revision),
+        locally and (by tombstones) in the changelog. One turn reads a bounded number of
+        entries per partition (streams.core.emitting.SEEN_SWEEP_SCAN, MARKS_SWEEP_SCAN),
+        from where the previous turn stopped."""
+        writes: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
+
+        def expire(key: bytes, stored: bytes) -> Revision | None:
+            return seen_revision(key, stored, now)
+
+        def revise(key: bytes, stored: bytes) -> Revision | None:
+            return mark_revision(key, stored, now, self.mark_grace)
+
+        tables: tuple[tuple[str, Reviser, int], ...] = (
+            (SEEN, expire, SEEN_SWEEP_SCAN),
+            (MARKS, revise, MARKS_SWEEP_SCAN),
+        )
+        for partition in self.store.partitions():
+            for table, reviser, scan in tables:
+                swept = self.store.revisions(table, partition, SWEEP_LIMIT, reviser, scan)
+                if swept.changes:
+                    writes[(table, partition)] = swept.changes
+            await asyncio.sleep(0)  # heartbeats and /metrics between partitions (emit waits)
+        if not writes:
+            return
+
+        def drop(record: OutRecord, reason: str) -> None:
+            assert record.partition is not None and record.key is not None
+            table = self.tables_by_changelog[record.topic]
+            writes[(table, record.partition)].pop(record.key, None)  # kept, for a later sweep
+
+        sent = await self.sender.send_all(self.store.changelog_records(writes), "sweep", drop)
+        self.store.apply(writes, sent.acknowledged)
+        for (table, partition), keys in writes.items():
+            if len(keys) >= SWEEP_FLUSH_KEYS:
+                self.store.flush(table, partition)
+        metrics.EXPIRED.inc(sum(len(keys) for (table, _), keys in writes.items() if table == SEEN))
+        marks = [
+            value
+            for (table, _), keys in writes.items()
+            if table == MARKS
+            for value in keys.values()
+        ]
+        if marks:
+            log.info(
+                "forgot %d deleted keys' marks past their grace; stamped %d older ones",
+                sum(value is None for value in marks),
+                sum(value is not None for value in marks),
+            )
+
+    def mark_grace(self, key: bytes) -> float:
+        """The grace of a `marks` key's instance (streams.core.emitting.deleted_mark_grace)."""
+        return deleted_mark_grace(self.settings, mark_instance(key))

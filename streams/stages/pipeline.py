@@ -1,0 +1,260 @@
+"""The two stages of one worker, wired: their group members (streams.engine.librdkafka.
+consumer.RdBatchLoop), the producer, the emit member's transactions and the state store.
+
+    raw topics --normalize--> repartition topic (key = instance/bucket/key) --emit--> outputs
+
+The process around it (the Faust app, its web pages, signals, timers) is streams.worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Awaitable, Callable
+
+from aiokafka import TopicPartition
+from aiokafka.errors import KafkaError
+from prometheus_client import REGISTRY
+
+from streams import metrics
+from streams.config import Settings
+from streams.core.emitting import MARKS, SEEN
+from streams.engine.librdkafka.consumer import RdBatchLoop, consumer_config
+from streams.engine.librdkafka.group_config import configure_stage_groups
+from streams.engine.librdkafka.producer import RdRecordSender
+from streams.engine.librdkafka.transactions import MemberTransactions, fence_partition_ids
+from streams.engine.membership import Departure
+from streams.engine.offsets import adopt_committed_offsets
+from streams.engine.outcomes import DeadLetters
+from streams.engine.store import StateStore
+from streams.engine.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, topology
+from streams.progress import Progress, StallWatch
+from streams.stages.emit import EmitStage
+from streams.stages.normalize import NormalizeStage
+from streams.status import ProgressReporter
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    """The two stages, their producers and the state store of one worker."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        stop_on_failure: Callable[[str, BaseException], Awaitable[None]],
+    ) -> None:
+        self.settings = settings
+        stream = settings.stream
+        self.stop_on_failure = stop_on_failure
+        """Called with the stage's name when work running outside a stage's loop fails."""
+        self.normalize_group = f"{stream.app_id}-normalize"
+        self.emit_group = f"{stream.app_id}-emit"
+        self.departure = Departure(
+            settings.kafka, stream.app_id, stream.group_instance_id, stream.leave_group_on_stop, log
+        )
+        """Whether this worker leaves its groups for good when it stops
+        (streams.engine.membership)."""
+        self.progress = Progress()
+        metrics.start_at_zero(
+            [instance.name for instance in settings.instances],
+            [spec.name for spec in topology(settings) if spec.role != "raw"],
+        )
+        self.stalls = {name: StallWatch(self.progress, name) for name in ("normalize", "emit")}
+        """Per stage: whether its consumer handles what waits (streams.progress)."""
+        self.reporter = ProgressReporter()
+        """The progress line logged every `stream.progress_interval_s` (streams.status)."""
+        self.sender = RdRecordSender(
+            settings.kafka,
+            f"{stream.app_id}-sender",
+            self.progress,
+            DeadLetters(stream.dead_letter_topic, "emit"),
+        )
+        self.transactions: MemberTransactions | None = None
+        if stream.processing_guarantee == "exactly_once":
+            self.transactions = MemberTransactions(
+                settings.kafka,
+                stream.app_id,
+                stream.group_instance_id or f"{socket.gethostname()}-{os.getpid()}",
+                self._group_metadata,
+                self.progress,
+            )
+        self.store = StateStore(
+            stream.data_dir / f"{stream.app_id}-state",
+            {
+                SEEN: changelog_topic(settings, SEEN_TABLE),
+                MARKS: changelog_topic(settings, MARKS_TABLE),
+            },
+        )
+        self.normalizer = NormalizeStage(settings, self.sender)
+        self.emitter = EmitStage(
+            settings,
+            self.store,
+            self.sender,
+            self.transactions,
+            self.progress,
+            stop_on_failure,
+            self._moved,
+        )
+        within_ms = int(stream.batch_within_s * 1000)
+        self.normalize = RdBatchLoop(
+            "normalize",
+            self._consumer_config(self.normalize_group, "normalize"),
+            [topic.name for topic in stream.raw_topics],
+            self.normalizer.handle,
+            commits_offsets=True,
+            max_records=stream.batch_size,
+            within_ms=within_ms,
+            kafka=settings.kafka,
+        )
+        transactions = self.transactions
+        self.emit = RdBatchLoop(
+            "emit",
+            self._consumer_config(self.emit_group, "emit"),
+            [stream.repartition_topic],
+            self.emitter.handle,
+            commits_offsets=transactions is None,
+            max_records=stream.batch_size,
+            within_ms=within_ms,
+            on_assigned=self.emitter.restore,
+            release=self.emitter.release,
+            drain=self.emitter.drain,
+            resume=transactions.resume if transactions is not None else None,
+            fence=self._fence_partition_producers if transactions is not None else None,
+            kafka=settings.kafka,
+        )
+
+    @property
+    def stages(self) -> tuple[RdBatchLoop, RdBatchLoop]:
+        return (self.normalize, self.emit)
+
+    def _consumer_config(self, group_id: str, member: str) -> dict[str, object]:
+        stream = self.settings.stream
+        return consumer_config(
+            self.settings.kafka.librdkafka_config(),
+            client_id=f"{stream.app_id}-{member}",
+            group_id=group_id,
+            group_instance_id=(
+                f"{stream.group_instance_id}-{member}" if stream.group_instance_id else None
+            ),
+            group_protocol=stream.group_protocol,
+            session_timeout_s=stream.session_timeout_s,
+        )
+
+    def _group_metadata(self) -> object:
+        """The emit member's group metadata, for its transactions (exactly-once v2)."""
+        return self.emit.group_metadata
+
+    def _moved(self) -> None:
+        self.emit.moved()
+
+    def _fence_partition_producers(self, assigned: set[TopicPartition]) -> None:
+        """The transactional ids per input partition that the aiokafka engine (before
+        2026-12) used: fenced before a partition's committed offsets are read, so that a
+        transaction such a worker left open is aborted at once (the upgrade path:
+        streams.engine.librdkafka.transactions.fence_partition_ids)."""
+        partitions = {tp.partition for tp in assigned}
+        fence_partition_ids(self.settings.kafka, self.settings.stream.app_id, partitions)
+
+    async def close_consumers(self, timeout_s: float = 10.0) -> None:
+        """Leave the groups before a dying worker goes down, so it is assigned nothing
+        meanwhile."""
+        for loop in self.stages:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(loop.stop(abandon=True), timeout_s)
+
+    @property
+    def ready(self) -> bool:
+        return self.normalize.ready and self.emit.ready
+
+    async def start(self) -> None:
+        stream = self.settings.stream
+        if stream.group_protocol == "consumer":
+            await configure_stage_groups(
+                self.settings.kafka,
+                (self.normalize_group, self.emit_group),
+                stream.session_timeout_s,
+            )
+        await self.sender.start()
+        if self.transactions is not None:
+            # Before the emit member joins: initialising the producer under this member's
+            # transactional.id aborts what a killed predecessor left open, which the member's
+            # committed-offset read (require_stable) would otherwise wait out.
+            await self.transactions.prepare(set())
+        for group, loop in ((self.normalize_group, self.normalize), (self.emit_group, self.emit)):
+            await self._adopt_offsets(group, loop.topics)
+            await loop.start()
+
+    async def _adopt_offsets(self, group: str, topics: list[str]) -> None:
+        """A stage group's first start after an upgrade from the Faust agents:
+        streams.engine.offsets."""
+        delay = 0.5
+        while True:
+            try:
+                await adopt_committed_offsets(
+                    self.settings.kafka, self.settings.stream.app_id, group, topics
+                )
+                return
+            except KafkaError as exc:
+                log.warning("reading committed offsets failed (%r); retrying in %.1f s", exc, delay)
+                await self.progress.pause(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def stop(self, deadline: float) -> None:
+        """Close the clients, each within what is left until `deadline` (loop time): one that
+        cannot finish in time (Kafka away) is abandoned. The state store is closed anyway."""
+        loop = asyncio.get_running_loop()
+        closing: list[tuple[str, Callable[[], Awaitable[None]]]] = [
+            (f"the {stage.name} consumer", stage.stop) for stage in self.stages
+        ]
+        if self.departure.leaving:  # a scale-in: its partitions move now, not in a session
+            closing.append(("leaving the groups", self.departure.leave_stage_groups))
+        if self.transactions is not None:
+            closing.append(("the transactional producers", self.transactions.stop))
+        closing.append(("the producer", self.sender.stop))
+        try:
+            for what, close in closing:
+                try:
+                    await asyncio.wait_for(close(), max(0.1, deadline - loop.time()))
+                except TimeoutError:
+                    log.warning("stopping: %s did not close in time; abandoned", what)
+                except Exception:
+                    log.warning("stopping: closing %s failed", what, exc_info=True)
+        finally:
+            self.store.close()
+
+    def abort(self) -> None:
+        """Stop every write still waiting for Kafka: retries end (Stopping), the parts in
+        flight and the sweep are cancelled. Their input offsets are not committed."""
+        self.progress.stop()
+        self.emitter.abort()
+
+    async def watch_stalls(self) -> None:
+        """Tell each stage's StallWatch what its consumer did (records handled, lag, when
+        Kafka last answered a fetch); a stage without its partitions is not watched."""
+        for loop in self.stages:
+            watch = self.stalls[loop.name]
+            if loop.ready:
+                handled = REGISTRY.get_sample_value(
+                    "storage_events_stage_records_total", {"stage": loop.name}
+                )
+                lag, answered_at = await loop.view()
+                watch.sample(handled or 0.0, lag, answered_at)
+                if lag is not None:
+                    metrics.STAGE_LAG.labels(loop.name).set(lag)
+            else:
+                watch.reset()
+
+    def status(self) -> dict[str, dict[str, object]]:
+        """Per stage: whether it has its partitions (and state), and what it is stuck on."""
+        stuck = self.progress.stuck()
+        stages: dict[str, dict[str, object]] = {
+            loop.name: {"assigned": loop.ready, **stuck.pop(loop.name, {})} for loop in self.stages
+        }
+        if self.emitter.restoring:
+            stages["emit"]["restore"] = dict(self.emitter.restoring)
+        stages.update(stuck)  # the sweep
+        return stages
