@@ -237,12 +237,21 @@ KafkaConfig = KafkaSettings
 """`[kafka]`: the connection of every Kafka client (address, TLS, SASL); streams.kafka_settings."""
 
 
+LEGACY_REPARTITION_TOPIC = "storage-events.by-key"
+"""The repartition topic of every app before 2026-12, whatever its app id."""
+
+
 class StreamConfig(_Strict):
     """How the Faust worker runs."""
 
     app_id: str = "storage-events"
     raw_topics: tuple[RawTopicConfig, ...] = (RawTopicConfig(name="files.raw"),)
-    repartition_topic: str = "storage-events.by-key"
+    repartition_topic: str = ""
+    """The topic stage one writes keyed records to and stage two reads (env none; default
+    `<app_id>.by-key`: per app, so two apps on one cluster never read each other's keyed
+    records). A deployment of another app id that kept the default before 2026-12 used
+    `storage-events.by-key`; its worker keeps that topic while its emit group has offsets on
+    it (streams.engine.topics.resolve_repartition_topic, docs/upgrading.md)."""
     dead_letter_topic: str = "files.dead-letter"
     partitions: int = Field(default=4, ge=1, le=10_000)
     replication_factor: int = Field(default=1, ge=1, le=32)
@@ -307,7 +316,18 @@ class StreamConfig(_Strict):
     @field_validator("repartition_topic", "dead_letter_topic")
     @classmethod
     def _topic(cls, value: str) -> str:
-        return check_topic_name(value)
+        return check_topic_name(value) if value else value
+
+    @model_validator(mode="after")
+    def _per_app_repartition_topic(self) -> StreamConfig:
+        if not self.repartition_topic:
+            object.__setattr__(self, "repartition_topic", f"{self.app_id}.by-key")
+        return self
+
+    @property
+    def repartition_topic_chosen(self) -> bool:
+        """Whether the configuration names the repartition topic (else it is the default)."""
+        return "repartition_topic" in self.model_fields_set
 
     @field_validator("min_insync_replicas")
     @classmethod

@@ -46,7 +46,7 @@ from streams.config import ConfigError, Settings, load_settings
 from streams.core.rules import open_instances_warning
 from streams.engine.librdkafka.group_config import kip848_refusal, versions_by_broker
 from streams.engine.store import STATE_DIR_MODE, private
-from streams.engine.topics import ensure_topics, topology
+from streams.engine.topics import ensure_topics, resolve_repartition_topic, topology
 from streams.kafka_settings import KafkaAccessError, KafkaRefusalWording
 from streams.logs import install_kafka_log_filter
 from streams.progress import EXIT_STOP_TIMEOUT, STOP_GRACE_S, Stopping
@@ -126,10 +126,10 @@ class StreamsApp(faust.App):
         # broker waits for it. Refused credentials or an untrusted certificate stop it with
         # one line naming the setting (exit 2): waiting would not change them. Later, the
         # clients' own lines about them are reworded (KafkaRefusalWording).
-        settings = self.settings
-        KafkaRefusalWording(settings.kafka).install()
-        log.info("Kafka: %s", settings.kafka.describe())
+        KafkaRefusalWording(self.settings.kafka).install()
+        log.info("Kafka: %s", self.settings.kafka.describe())
         try:
+            settings = self.settings = await resolve_repartition_topic(self.settings)
             created = await ensure_topics(settings.kafka, topology(settings))
         except KafkaAccessError as exc:
             _stop_now(str(exc))
@@ -158,10 +158,10 @@ def create_app(settings: Settings) -> StreamsApp:
         _stages: tuple[asyncio.Future[None], ...] = ()
 
         async def on_start(self) -> None:
-            open_instances = open_instances_warning(settings.instances)
+            open_instances = open_instances_warning(app.settings.instances)
             if open_instances is not None:
                 log.warning("%s", open_instances)
-            pipeline = app.pipeline = Pipeline(settings, self._stop_on_failure)
+            pipeline = app.pipeline = Pipeline(app.settings, self._stop_on_failure)
             # SIGUSR1 = stop and leave the groups for good (in place of mode's stack dump).
             asyncio.get_running_loop().add_signal_handler(
                 signal.SIGUSR1, pipeline.departure.on_signal

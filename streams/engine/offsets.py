@@ -61,3 +61,18 @@ async def adopt_committed_offsets(
         ", ".join(f"{tp.topic}[{tp.partition}]@{offset}" for tp, offset in sorted(adopted.items())),
     )
     return adopted
+
+
+async def committed_topics(kafka: KafkaSettings | str, group: str) -> set[str]:
+    """The topics `group` has committed offsets on (aiokafka's admin client: librdkafka's
+    OffsetFetch of a group the cluster has not seen can crash the process, confluent-kafka
+    issue 1982)."""
+    admin = AIOKafkaAdminClient(
+        **KafkaSettings.of(kafka).aiokafka_args(), client_id="storage-events-offsets"
+    )
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {tp.topic for tp, meta in offsets.items() if meta.offset >= 0}

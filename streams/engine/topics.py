@@ -15,7 +15,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
-from streams.config import Settings
+from streams.config import LEGACY_REPARTITION_TOPIC, Settings
+from streams.engine.offsets import committed_topics
 from streams.kafka_settings import KafkaAccessError, KafkaSettings, check_access
 
 log = logging.getLogger(__name__)
@@ -293,3 +294,39 @@ async def _warn_of_fewer_replicas(admin: AIOKafkaAdminClient, specs: list[TopicS
                 found,
                 wanted[name],
             )
+
+
+async def resolve_repartition_topic(settings: Settings) -> Settings:
+    """The settings with the repartition topic this app's worker must use: the per-app
+    default `<app_id>.by-key`, unless the configuration names none and the app's emit group
+    still reads `storage-events.by-key` (a deployment of another app id from before
+    2026-12): then that one, so that nothing waiting in it is lost, with a warning saying how
+    to move (docs/upgrading.md). The default app id's topic is the same name either way."""
+    stream = settings.stream
+    if stream.repartition_topic_chosen or stream.repartition_topic == LEGACY_REPARTITION_TOPIC:
+        return settings
+    delay = 0.5
+    while True:
+        try:
+            read = await committed_topics(settings.kafka, f"{stream.app_id}-emit")
+            break
+        except KafkaError as exc:  # Kafka away at start: wait for it, as ensure_topics does
+            log.warning(
+                "reading the emit group's committed offsets failed (%s); retrying in %.1f s",
+                exc,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+    if LEGACY_REPARTITION_TOPIC not in read:
+        return settings
+    log.warning(
+        "the emit group %s-emit reads %s, the repartition topic every app shared before "
+        "2026-12: keeping it, so nothing waiting there is lost (the default is now %s, per "
+        "app); set stream.repartition_topic to choose (docs/upgrading.md)",
+        stream.app_id,
+        LEGACY_REPARTITION_TOPIC,
+        stream.repartition_topic,
+    )
+    kept = stream.model_copy(update={"repartition_topic": LEGACY_REPARTITION_TOPIC})
+    return settings.model_copy(update={"stream": kept})
