@@ -104,7 +104,18 @@ class StreamsApp(faust.App):
             **settings.kafka.faust_args(),  # broker URLs and broker_credentials (TLS, SASL)
             datadir=str(stream.data_dir),
             web_port=stream.web_port,
-            web_host=stream.web_host,
+            web_bind=stream.web_host,  # the address the web server listens on
+            # Faust's canonical URL host, which its own group's static members carry: as it
+            # always was, so that an upgraded member's URL does not change.
+            web_host="0.0.0.0",
+            # Only the product's pages (`/metrics`, `/ready`; Faust's index answers `/` with
+            # {"status": "OK"}): not Faust's router, table, graph or statistics pages, which
+            # would show partition owners and table contents to whoever reaches the port.
+            web_router_enabled=False,
+            web_tables_enabled=False,
+            web_graph_enabled=False,
+            web_stats_enabled=False,
+            web_metrics_enabled=False,
             consumer_auto_offset_reset="earliest",
             # Faust's own consumer reads nothing, but the worker starts the stages only once
             # it has joined its group: static membership and a short session let a restarted
