@@ -1,6 +1,6 @@
 """Synthetic deliveries of `python -m connectors reconcile` -> canonical events.
 
-Format: defined by this product (`connectors/reconcile.py` writes it); one JSON object per
+Format: defined by this product (`connectors/reconcile/` writes it); one JSON object per
 delivery, one change each:
 
     {"type": "created" | "deleted",
