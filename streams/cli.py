@@ -33,6 +33,7 @@ from streams.kafka_settings import KafkaAccessError, KafkaSettings
 
 FILTER_REASONS = {
     "source": "the instance does not list this provider in its `sources`",
+    "instance": "a reconcile delivery found by another instance's run",
     "bucket": "the instance takes another bucket",
     "prefix": "the key is not under the instance's prefix",
     "prefix-escape": "the key's dot segments climb out of the instance's prefix",

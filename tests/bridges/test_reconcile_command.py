@@ -24,7 +24,8 @@ from support.kafka_io import produce, raw, read_topic
 from support.moto_server import aws_client, unique_name
 from support.worker import ROOT, Topology, Worker, wait_for
 
-from connectors.reconcile import Known, Listed, last_events, plan
+from connectors.reconcile import Known, Listed, Plan, last_events, plan, refusal
+from connectors.reconcile.listings.s3 import list_bucket
 from streams.config import InstanceConfig
 from streams.core.delivery import Delivery
 from streams.core.normalizers import SOURCES
@@ -124,6 +125,92 @@ def test_the_stream_state_is_the_last_event_per_key_of_this_bucket() -> None:
         "a": ("deleted", None),
         "b": ("created", "e2"),
     }
+
+
+def test_the_safety_bound() -> None:
+    def run(listed_count: int, known_count: int, deletes: int) -> Plan:
+        result = plan(
+            [listed(f"k{i}") for i in range(listed_count)],
+            {f"k{i}": known(f"k{i}") for i in range(known_count)},
+            TENANT,
+            "shared",
+            NOW,
+        )
+        assert result.count("deleted") == deletes
+        return result
+
+    # 100 known, 10 not listed: 10% is within the default bound; 11 is not.
+    assert refusal(run(listed_count=90, known_count=100, deletes=10)) is None
+    above = refusal(run(listed_count=89, known_count=100, deletes=11))
+    assert above is not None and "11 of the 100" in above and "--max-deletes 11" in above
+    assert refusal(run(listed_count=89, known_count=100, deletes=11), max_delete_share=0.2) is None
+    # An empty listing deletes nothing without --max-deletes or --force, even one key.
+    empty = refusal(run(listed_count=0, known_count=1, deletes=1))
+    assert empty is not None and "holds no key" in empty
+    assert refusal(run(listed_count=0, known_count=1, deletes=1), max_deletes=1) is None
+    assert refusal(run(listed_count=0, known_count=5, deletes=5), max_deletes=4) is not None
+    assert refusal(run(listed_count=0, known_count=5, deletes=5), force=True) is None
+    # Creates alone are never refused.
+    assert refusal(run(listed_count=50, known_count=0, deletes=0)) is None
+
+
+def test_a_versioned_bucket_lists_its_live_versions_only(moto_server: str) -> None:
+    s3 = aws_client(moto_server, "s3")
+    bucket = unique_name("versioned")
+    s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    s3.put_object(Bucket=bucket, Key="tenant-a/a.txt", Body=b"v1")
+    live = s3.put_object(Bucket=bucket, Key="tenant-a/a.txt", Body=b"v2 now")["ETag"]
+    s3.put_object(Bucket=bucket, Key="tenant-a/gone.txt", Body=b"x")
+    s3.delete_object(Bucket=bucket, Key="tenant-a/gone.txt")  # a delete marker on top
+    assert len(s3.list_object_versions(Bucket=bucket)["Versions"]) == 3
+    listing = list(list_bucket(s3, bucket, "tenant-a"))
+    assert [(item.key, item.etag, item.size) for item in listing] == [("tenant-a/a.txt", live, 6)]
+
+
+def test_what_the_stream_knows_is_one_pluggable_source(
+    moto_server: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`reconcile()` takes any StreamKnowledge (key -> present/deleted, ETag, token) in place
+    of the output-topic read; here a dry run with no Kafka at all."""
+    import argparse
+
+    import connectors.reconcile as command
+
+    s3 = aws_client(moto_server, "s3")
+    bucket = unique_name("pluggable")
+    s3.create_bucket(Bucket=bucket)
+    etag = s3.put_object(Bucket=bucket, Key="tenant-a/same.txt", Body=b"x")["ETag"].strip('"')
+    s3.put_object(Bucket=bucket, Key="tenant-a/new.txt", Body=b"y")
+    parser = argparse.ArgumentParser()
+    command.COMMAND.add_arguments(parser)
+    args = parser.parse_args(
+        ["--instance", "tenant-a", "--endpoint-url", moto_server, "--dry-run", "--force"]
+    )
+    settings = Topology().settings(
+        [{"name": "tenant-a", "bucket": bucket, "prefix": "tenant-a", "sources": ["s3"]}]
+    )
+    asked: list[str] = []
+
+    def knowledge() -> list[Known]:
+        asked.append("once")
+        return [
+            Known("same.txt", "created", etag, NOW, token="0055AED6DCD90281E5"),
+            Known("gone.txt", "created", "e1", NOW),
+            Known("was-deleted.txt", "deleted", None, NOW),
+        ]
+
+    assert command.reconcile(args, settings, knowledge=knowledge) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert asked == ["once"]
+    assert out[:-1] == [
+        "created tenant-a/new.txt (not-in-stream)",
+        "deleted tenant-a/gone.txt (not-listed)",
+    ]
+    assert out[-1] == (
+        f"reconcile instance=tenant-a bucket={bucket} listed=2 known=2 in_sync=1 created=1 "
+        "deleted=1 published=0 (dry run)"
+    )
 
 
 # --- against moto and the real broker -------------------------------------------------------
@@ -267,7 +354,8 @@ def test_reconcile_publishes_the_missed_changes_once(setup: Setup) -> None:
     assert "deleted tenant-a/gone.txt (not-listed)" in dry.stdout
     assert "created tenant-a/new file.txt (not-in-stream)" in dry.stdout
 
-    first = summary(setup.reconcile("--instance", "tenant-a"))
+    # One of the two known keys deleted is above the default 10% bound: allowed by name.
+    first = summary(setup.reconcile("--instance", "tenant-a", "--max-deletes", "1"))
     assert first == {
         "instance": "tenant-a",
         "bucket": BUCKET,

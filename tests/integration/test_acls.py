@@ -321,6 +321,9 @@ def test_reconcile_works_with_its_acls_and_not_with_a_bridges(
     as_bridge = reconcile(granted.bridge)
     assert as_bridge.returncode == 1, as_bridge.stdout + as_bridge.stderr
     assert granted.output in as_bridge.stderr
+    # Named as the permission problem it is, not as a missing topic.
+    assert f"not authorized to read output topic {granted.output}" in as_bridge.stderr
+    assert "does not exist" not in as_bridge.stderr
     as_reconcile = reconcile(user)
     assert as_reconcile.returncode == 0, as_reconcile.stderr
     assert "created missed.txt (not-in-stream)" in as_reconcile.stdout

@@ -46,6 +46,17 @@ def deliver(data: Any) -> Delivery:
     return Delivery(source=SOURCE, body=raw)
 
 
+def test_a_bucketless_provider_s_drift_names_bucket_null() -> None:
+    # Box and Cloudinary have no buckets: the body says so with null (absent stays malformed).
+    data = {**body(), "bucket": None, "key": "1002"}
+    data["id"] = reconcile_id("created", None, "1002", data["etag"], MODIFIED)
+    [event] = normalize(deliver(data))
+    assert (event.bucket, event.key, event.id) == (None, "1002", data["id"])
+    assert reconcile_id("created", None, "k", None, None) != reconcile_id(
+        "created", "uploads", "k", None, None
+    )
+
+
 def test_created_maps_every_field() -> None:
     data = body()
     [event] = normalize(deliver(data))

@@ -96,3 +96,55 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
 
     with serving(process, "azurite-queue", lambda: _answers(port), server.tail):
         yield server
+
+
+AZURITE_BLOB = ROOT / "node_modules" / ".bin" / "azurite-blob"
+
+
+@dataclass(frozen=True)
+class AzuriteBlob:
+    """Azurite's blob service (the same npm package), for the reconcile listing's tests."""
+
+    port: int
+    log_path: Path
+
+    @property
+    def blob_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{ACCOUNT_NAME}"
+
+    def connection_string(self) -> str:
+        return (
+            f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT_NAME};"
+            f"AccountKey={ACCOUNT_KEY};BlobEndpoint={self.blob_endpoint};"
+        )
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+
+@pytest.fixture(scope="session")
+def azurite_blob(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteBlob]:
+    if not AZURITE_BLOB.exists():
+        pytest.fail(
+            f"{AZURITE_BLOB.relative_to(ROOT)} is missing: run `make test-deps`", pytrace=False
+        )
+    workdir = tmp_path_factory.mktemp("azurite-blob")
+    port = free_port()
+    server = AzuriteBlob(port, workdir / "azurite-blob.log")
+    with server.log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [
+                str(AZURITE_BLOB),
+                *("--blobHost", "127.0.0.1", "--blobPort", str(port)),
+                *("--location", str(workdir)),
+                *("--silent", "--skipApiVersionCheck", "--loose", "--disableTelemetry"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    with serving(process, "azurite-blob", lambda: _answers(port), server.tail):
+        yield server

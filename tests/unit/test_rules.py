@@ -290,6 +290,17 @@ def test_listed_sources_and_reconcile_are_kept(provider: str) -> None:
     assert kept(apply_instance(event("x", provider=provider), config)).key == "x"
 
 
+def test_a_reconcile_delivery_is_kept_by_the_instance_whose_run_found_it_only() -> None:
+    # A Box or Cloudinary drift names no bucket: without the pin it reached every instance.
+    found_by_a = event("x", bucket=None, provider="reconcile", raw={"instance": "a"})
+    assert kept(apply_instance(found_by_a, instance(name="a"))).key == "x"
+    assert apply_instance(found_by_a, instance(name="b")) == Filtered("instance")
+    assert apply_instance(found_by_a, instance(name="b", bucket="uploads")) == Filtered("instance")
+    # A provider's own event naming an "instance" field is not pinned by it.
+    boxed = event("x", bucket=None, provider="box", raw={"instance": "a"})
+    assert kept(apply_instance(boxed, instance(name="b"))).key == "x"
+
+
 def test_without_sources_every_source_is_kept() -> None:
     assert kept(apply_instance(event("x", bucket=None, provider="box"), instance())).key == "x"
 

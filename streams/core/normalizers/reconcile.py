@@ -1,10 +1,11 @@
 """Synthetic deliveries of `python -m connectors reconcile` -> canonical events.
 
-Format: defined by this product (`connectors/reconcile.py` writes it); one JSON object per
+Format: defined by this product (`connectors/reconcile/` writes it); one JSON object per
 delivery, one change each:
 
     {"type": "created" | "deleted",
-     "bucket": "uploads",                  # required
+     "bucket": "uploads" | null,           # required; null for providers without buckets
+                                           #   (Box, Cloudinary), whose events name none
      "key": "tenant-a/photos/a.jpg",       # required: the full provider key, prefix included,
                                            #   raw (listings are not form-encoded)
      "etag": "9b2cf535f27731c974343645a3985328" | null,
@@ -61,7 +62,7 @@ TYPES: tuple[EventType, ...] = ("created", "deleted")
 
 
 def reconcile_id(
-    event_type: str, bucket: str, key: str, etag: str | None, last_modified: datetime | None
+    event_type: str, bucket: str | None, key: str, etag: str | None, last_modified: datetime | None
 ) -> str:
     """The id of one synthetic change: the same for the same drift, run after run."""
     stamp = format_time(last_modified) if last_modified is not None else None
@@ -73,7 +74,13 @@ def normalize(delivery: Delivery) -> list[FileEvent]:
     event_type = require_str(body.get("type"), "type")
     if event_type not in TYPES:
         raise MalformedDelivery(f"type {event_type!r} is neither 'created' nor 'deleted'")
-    bucket = require_str(body.get("bucket"), "bucket")
+    # Always named, so that a body that forgot it is not read as bucketless; null only for
+    # the providers that have no buckets (their own events name none either).
+    bucket = (
+        None
+        if "bucket" in body and body["bucket"] is None
+        else require_str(body.get("bucket"), "bucket")
+    )
     key = require_str(body.get("key"), "key")
     etag = strip_quotes(optional_str(body.get("etag"), "etag"))
     size = optional_int(body.get("size"), "size")

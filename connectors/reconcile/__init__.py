@@ -1,0 +1,349 @@
+"""Reconcile against a listing: `python -m connectors reconcile --instance NAME`.
+
+Some notifications are sent once and never retried (Supabase Database Webhooks), and any
+provider can lose one. Reconcile finds what the stream missed and publishes it:
+
+1. **List** the instance's bucket with the provider's own list API (one module per provider
+   in `connectors.reconcile.listings`: the S3 API for S3, MinIO, Supabase and B2; GCS; Azure
+   Blob; the REST list APIs of Box, Cloudinary and Appwrite), under the instance's prefix,
+   live objects only (a versioned bucket compares its live versions). `--provider` picks the
+   listing; by default the instance's one source does (`sources = ["gcs"]`), else the S3 API.
+   Each listed key goes through the instance's own rules (`streams.core.rules.apply_instance`),
+   so keys the stream never emits (plugin-internal prefixes such as `.versions/`) are ignored,
+   and ETags compare as the stream emits them.
+2. **Read what the stream knows** (`connectors.reconcile.stream`: any `StreamKnowledge`, today
+   the last event per key of the instance's output topic). A key whose last event is
+   `created` is *known* (present, per the stream).
+3. **Drift**, per key (`connectors.reconcile.drift.plan`):
+   * listed, and the stream has no event, or its last is `deleted`, or a `created` with another
+     ETag (both known) -> a synthetic `created` with the listing's ETag, size, last-modified;
+   * not listed, and the stream's last event is `created` -> a synthetic `deleted`.
+   Listing is done before the stream is read: a change made during the run then shows up in
+   the stream rather than as drift, and the synthetic event's time (`observed_at`, the start
+   of the listing) makes ordering prefer any real event newer than the listing over it.
+4. **Check the safety bound** (`drift.refusal`): a run that would delete anything from an
+   empty listing, or more than `--max-delete-share` (default 10%) of the known keys, publishes
+   nothing and says why (exit 3), unless `--max-deletes N` allows that many or `--force`. A
+   listing that fails part-way publishes nothing at all (exit 1): the keys it did not reach
+   would otherwise all read as deleted.
+5. **Publish** one synthetic delivery per drift to the raw topic (`source=reconcile`,
+   `transport=reconcile`; body and id rule in `streams.core.normalizers.reconcile`), each only
+   once Kafka acknowledged it. Nothing with `--dry-run`, which prints the same summary.
+
+A second run once the stream has caught up (the worker turned the first run's deliveries into
+output events) finds no drift and publishes nothing. Two runs before it caught up publish the
+same ids, which the stream drops as duplicates.
+
+Output on stdout: one line per drift (`created <key> (<reason>)`, `deleted <key> (not-listed)`),
+then the summary: `reconcile instance=... bucket=... listed=N known=N in_sync=N created=N
+deleted=N published=N` (`listed`: keys the instance keeps; `known`: keys present per the
+stream), with ` (dry run)` or ` (refused)` after it. On stderr, every `--progress-interval`
+seconds of a long run (default 10), a progress line (keys listed and their rate, compared,
+published). Exit codes: 0 done; 1 with one line on stderr when the listing, the credentials
+or Kafka fail (a topic this principal may not read is named as a permission problem), or
+when a delivery was not acknowledged (run again: the ids are stable); 2 for a configuration
+mistake; 3 refused by the safety bound.
+
+Limits: one bucket per run (`--bucket` for an instance that takes every bucket; Box and
+Cloudinary have none); the synthetic events are kept only by the instance they name (each
+instance's run fixes its own output: an overlapping catch-all instance needs a run of its
+own); times compare across the reconcile host's clock and the provider's, so keep clocks in
+sync. Reconcile events are ordered against the provider's notifications only when the instance
+names that one provider in `sources` (state is scoped by provider: see
+streams.core.emitting); otherwise among themselves, and the command says so on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import TextIO
+
+from connectors.command import BridgeCommand, add_publishing_arguments
+from connectors.command import raw_topic as command_raw_topic
+from connectors.publisher import PublishFailed, RawPublisher, raw_headers
+from connectors.reconcile import listings
+from connectors.reconcile.drift import (
+    DEFAULT_MAX_DELETE_SHARE,
+    Drift,
+    Known,
+    Listed,
+    Plan,
+    plan,
+    refusal,
+)
+from connectors.reconcile.listings import ListingError
+from connectors.reconcile.stream import (
+    OutputTopicKnowledge,
+    StreamKnowledge,
+    StreamReadError,
+    last_events,
+)
+from streams.config import ConfigError, InstanceConfig, Settings
+from streams.core.normalizers.reconcile import SOURCE
+
+__all__ = ["COMMAND", "Known", "Listed", "Plan", "last_events", "plan", "refusal"]
+
+log = logging.getLogger(__name__)
+
+TRANSPORT = "reconcile"
+PUBLISH_CONCURRENCY = 100
+EXIT_REFUSED = 3
+
+
+class ReconcileError(Exception):
+    """What stops a run, as one line."""
+
+
+class Progress:
+    """Counts of a run, printed to `out` at most every `interval_s` seconds (0: every step)."""
+
+    def __init__(self, interval_s: float, out: TextIO = sys.stderr) -> None:
+        self.interval_s = interval_s
+        self.out = out
+        self.started = time.monotonic()
+        self.last = self.started
+        self.listed = 0
+        self.compared = 0
+        self.published = 0
+        self.phase = "listing"
+
+    def step(self) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.interval_s:
+            self.last = now
+            self.report(now)
+
+    def report(self, now: float | None = None) -> None:
+        elapsed = max((now or time.monotonic()) - self.started, 1e-9)
+        print(
+            f"reconcile progress: {self.phase} listed={self.listed} "
+            f"({self.listed / elapsed:.0f}/s) compared={self.compared} "
+            f"published={self.published} elapsed={elapsed:.0f}s",
+            file=self.out,
+            flush=True,
+        )
+
+    def listed_one(self) -> None:
+        self.listed += 1
+        self.step()
+
+
+def _guarded(items: Iterator[Listed], progress: Progress) -> Iterator[Listed]:
+    """The listing, its failures as one line saying that nothing was published."""
+    try:
+        yield from items
+    except ListingError as exc:
+        if progress.listed == 0:  # nothing listed: nothing to say beyond the error
+            raise ReconcileError(str(exc)) from None
+        raise ReconcileError(
+            f"{exc} (after {progress.listed} objects); nothing published: a listing cut "
+            "short would read every key it did not reach as deleted"
+        ) from None
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReconcileError(
+            f"listing failed on an unexpected answer ({type(exc).__name__}: {exc}) after "
+            f"{progress.listed} objects; nothing published"
+        ) from None
+
+
+async def publish_all(
+    publisher: RawPublisher, drifts: list[Drift], timeout_s: float, progress: Progress
+) -> int:
+    """Publish every drift; the number Kafka acknowledged."""
+    try:
+        await asyncio.wait_for(publisher.start(), timeout_s)
+    except TimeoutError:
+        await publisher.stop()
+        raise ReconcileError(
+            f"cannot reach Kafka at {publisher.bootstrap_servers} to publish"
+        ) from None
+    slots = asyncio.Semaphore(PUBLISH_CONCURRENCY)
+
+    async def one(drift: Drift) -> bool:
+        headers = raw_headers(SOURCE, TRANSPORT, delivery_id=drift.body["id"])
+        async with slots:
+            try:
+                await publisher.publish(drift.value(), headers)
+            except PublishFailed as exc:
+                log.warning("%s %s not acknowledged: %s", drift.type, drift.key, exc)
+                return False
+            progress.published += 1
+            progress.step()
+            return True
+
+    try:
+        outcomes = await asyncio.gather(*(one(drift) for drift in drifts))
+    finally:
+        await publisher.stop()
+    return sum(outcomes)
+
+
+def _bucket(args: argparse.Namespace, instance: InstanceConfig, bucketless: bool) -> str | None:
+    if bucketless:
+        if args.bucket:
+            raise ConfigError("this provider has no buckets: drop --bucket")
+        return None
+    if args.bucket and instance.bucket and args.bucket != instance.bucket:
+        raise ConfigError(
+            f"instance {instance.name!r} keeps bucket {instance.bucket!r} only, not {args.bucket!r}"
+        )
+    bucket = args.bucket or instance.bucket
+    if bucket is None:
+        raise ConfigError(
+            f"instance {instance.name!r} takes every bucket; name the one to list with --bucket"
+        )
+    return bucket
+
+
+def reconcile(
+    args: argparse.Namespace, settings: Settings, knowledge: StreamKnowledge | None = None
+) -> int:
+    """One run; `knowledge` replaces the output-topic read (what the stream knows)."""
+    instance = settings.instance(args.instance)
+    listing = listings.chosen(args, instance)
+    bucket = _bucket(args, instance, listing.bucketless)
+    raw_topic = command_raw_topic(args, settings)
+    if args.max_deletes is not None and args.max_deletes < 0:
+        raise ConfigError("--max-deletes must be 0 or more")
+    if not 0 <= args.max_delete_share <= 1:
+        raise ConfigError("--max-delete-share must be between 0 and 1")
+    if instance.reconciled_source is None:
+        print(
+            f"connectors reconcile: instance {instance.name!r} names no single provider in "
+            "`sources`: its reconcile events are ordered among themselves only, not against "
+            f"the provider's notifications; set instances.{instance.name}.sources = "
+            '["<provider>"] (e.g. "supabase")',
+            file=sys.stderr,
+        )
+
+    progress = Progress(args.progress_interval)
+    observed_at = datetime.now(UTC)
+    # The whole listing before the stream is read (see the module's docstring, step 3).
+    listed: list[Listed] = list(_listed(listing.open(args, instance, bucket), progress))
+    progress.phase = "comparing"
+    if knowledge is None:
+        knowledge = OutputTopicKnowledge(
+            settings.kafka, instance.output_topic, bucket, args.read_timeout
+        )
+    try:
+        known = {last.key: last for last in knowledge()}
+    except StreamReadError as exc:
+        raise ReconcileError(str(exc)) from None
+
+    def compared() -> None:
+        progress.compared += 1
+        progress.step()
+
+    result = plan(listed, known, instance, bucket, observed_at, on_listed=compared)
+
+    for drift in result.drifts:
+        print(f"{drift.type} {drift.key} ({drift.reason})")
+    refused = refusal(result, args.max_delete_share, args.max_deletes, args.force)
+    published = 0
+    if result.drifts and not args.dry_run and refused is None:
+        progress.phase = "publishing"
+        publisher = RawPublisher(settings.kafka, raw_topic, args.publish_timeout)
+        published = asyncio.run(publish_all(publisher, result.drifts, args.read_timeout, progress))
+    if progress.last != progress.started:  # a long run: its last figures too
+        progress.phase = "done"
+        progress.report()
+    note = " (dry run)" if args.dry_run else " (refused)" if refused is not None else ""
+    print(
+        f"reconcile instance={instance.name} bucket={bucket or '-'} listed={result.listed} "
+        f"known={result.known} in_sync={result.in_sync} created={result.count('created')} "
+        f"deleted={result.count('deleted')} published={published}{note}",
+        flush=True,
+    )
+    if refused is not None:
+        verb = "a real run would publish nothing" if args.dry_run else "published nothing"
+        print(f"connectors reconcile: {verb}: {refused}", file=sys.stderr)
+        return 0 if args.dry_run else EXIT_REFUSED
+    if published < len(result.drifts) and not args.dry_run:
+        print(
+            f"connectors reconcile: {len(result.drifts) - published} of {len(result.drifts)} "
+            "deliveries not acknowledged by Kafka; run again",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _listed(items: Iterator[Listed], progress: Progress) -> Iterator[Listed]:
+    for item in _guarded(items, progress):
+        progress.listed_one()
+        yield item
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--instance", required=True, help="the configured instance to reconcile")
+    parser.add_argument(
+        "--endpoint-url",
+        help="the provider's API endpoint (S3-compatible: MinIO, Supabase, B2, moto; an "
+        "emulator for GCS; the API root for Box, Cloudinary, Appwrite)",
+    )
+    parser.add_argument(
+        "--bucket", help="the bucket to list (default: the instance's; required if it has none)"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the drift, publish nothing")
+    parser.add_argument(
+        "--max-delete-share",
+        type=float,
+        default=DEFAULT_MAX_DELETE_SHARE,
+        metavar="FRACTION",
+        help="refuse a run deleting more than this share of the known keys (default 0.1)",
+    )
+    parser.add_argument(
+        "--max-deletes",
+        type=int,
+        metavar="N",
+        help="allow up to N deletes instead of the share (also from an empty listing)",
+    )
+    parser.add_argument("--force", action="store_true", help="publish whatever the deletes")
+    parser.add_argument(
+        "--progress-interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds between progress lines on stderr (default 10)",
+    )
+    add_publishing_arguments(parser, metrics=False)
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to read the output topic to its end (default 120)",
+    )
+    listings.add_arguments(parser)
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> int:
+    for noisy in ("botocore", "azure", "google", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)  # no per-request chatter
+    try:
+        return reconcile(args, settings)
+    except ConfigError as exc:
+        print(f"connectors reconcile: {exc}", file=sys.stderr)
+        return 2
+    except ReconcileError as exc:
+        print(f"connectors reconcile: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # credentials and other client errors before the first page
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if isinstance(exc, BotoCoreError | ClientError):
+            print(f"connectors reconcile: {exc}".replace("\n", " "), file=sys.stderr)
+            return 1
+        raise
+
+
+COMMAND = BridgeCommand(
+    "publish what the stream missed, from a listing of the instance's bucket",
+    _add_arguments,
+    _run,
+)
