@@ -94,7 +94,12 @@ Example (secrets in the environment variables named here):
     url = "https://hooks.example.com/hooks/appwrite"
 
 Order of checks, cheapest first, each refusing before the next costs anything: route (404),
-method (405), announced Content-Length (413), header budget (431), then what the route can
+method (405), a `Content-Encoding` other than `identity` (415: no provider encodes what it
+posts, and aiohttp's decoding is off, so a body is always the bytes that came and
+`max_body_bytes` bounds what was sent), announced Content-Length (413), a header the route's
+authenticator or its source's normalizer reads given more than once (400 `repeated-header`:
+`Route.single`; so the value checked is the only one forwarded), header budget (431), then
+what the route can
 check from the head alone (`before_body`: the whole credential for MinIO, Supabase,
 EventBridge, Azure, GCS; the signature headers, their algorithm and the signed timestamp's
 window for B2, Box, Cloudinary, Appwrite), and only then the body is read (bounded in time
@@ -105,11 +110,12 @@ body is read, held or parsed wherever the scheme puts the secret outside the bod
 
 Answers: 202 published; 200 handshake answered (never published); 401 unauthenticated,
 forged, unsigned, truncated or wrong-algorithm signature, replayed (outside the window), an
-Appwrite body seen with another event header, or an SNS topic not allowed; 400 a request
-aiohttp cannot parse (including more than 64 header lines or a line over 8,190 bytes), a
-body cut off, an unreadable delivery, or a malformed Azure handshake; 403 a refused Azure
-origin; 404 route off (and `/healthz`, `/ready`, `/metrics` when `webhook.admin_port` is set); 405
-method; 408 body not received whole within `webhook.body_timeout_s` (15 s); 413 body over
+Appwrite body seen with another event header, or an SNS topic not allowed; 400 a header the
+route reads given twice, a request aiohttp cannot parse (including more than 64 header lines
+or a line over 8,190 bytes), a body cut off, an unreadable delivery, or a malformed Azure
+handshake; 403 a refused Azure origin; 404 route off (and `/healthz`, `/ready`, `/metrics`
+when `webhook.admin_port` is set); 405 method; 415 an encoded body (with `Accept-Encoding:
+identity`); 408 body not received whole within `webhook.body_timeout_s` (15 s); 413 body over
 `webhook.max_body_bytes` (default 1 MiB), or too large for a Kafka record (a retry could never
 succeed); 431 headers over `webhook.max_header_bytes` (64 KiB); 503 (with Retry-After) the
 bodies held at once would exceed `webhook.max_bodies_bytes` (64 MiB), or more than
@@ -132,7 +138,8 @@ The server pieces that hold these bounds are in `connectors.http_server`.
 
 Published record: value = the body as received; headers per the raw-topic contract
 (`streams.core.records`): `source`, `transport` (`webhook`), `delivery-id`, `received-at`,
-`header.<lower-case name>` for every HTTP header except credentials (`authorization`,
+`header.<lower-case name>` once per name (a repeated header's lines joined with `, `) for
+every HTTP header except credentials (`authorization`,
 `cookie`, `x-api-key`, and the route's own secret header). The query string is not published
 and not logged: the access log writes the path and the query's parameter names only
 (`/hooks/azure?code=***`).
@@ -149,10 +156,10 @@ On the public port unless `webhook.admin_port` (env WEBHOOK_ADMIN_PORT, host
 
 `rejected` reasons: no-route, method-not-allowed, too-large, too-large-for-kafka,
 headers-too-large, bodies-over-budget, body-timeout, incomplete, too-many-connections (source
-`?`), unreadable, missing-credentials, bad-credentials, missing-signature, bad-signature,
-wrong-algorithm, replayed, malformed, unsigned-fields, event-mismatch, unknown-topic,
-bad-certificate, certificate-unavailable, confirmation-failed, bad-token, keys-unavailable,
-origin-not-allowed, kafka-unavailable.
+`?`), encoded-body, repeated-header, unreadable, missing-credentials, bad-credentials,
+missing-signature, bad-signature, wrong-algorithm, replayed, malformed, unsigned-fields,
+event-mismatch, unknown-topic, bad-certificate, certificate-unavailable, confirmation-failed,
+bad-token, keys-unavailable, origin-not-allowed, kafka-unavailable.
 Handshake kinds: subscription-confirmation, unsubscribe-confirmation (s3),
 subscription-validation, subscription-deletion, abuse-protection (azure).
 """
@@ -170,12 +177,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiokafka.errors import MessageSizeTooLargeError
+from multidict import CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 from connectors.command import BridgeCommand
@@ -200,7 +208,7 @@ from connectors.publisher import (
 from connectors.webhook_auth import Authenticator, RequestFacts, Services, build_authenticator
 from connectors.webhook_auth.base import PUBLISH, REJECT, ChecksBeforeBody, Verdict
 from streams.config import ConfigError, Settings, WebhookConfig, WebhookRouteConfig
-from streams.core.normalizers import SOURCES
+from streams.core.normalizers import HEADERS_READ, SOURCES
 from streams.kafka_settings import KafkaAccessError, check_access
 
 # Reconcile deliveries come from our own command, which publishes to Kafka directly.
@@ -257,6 +265,9 @@ class Route:
     insecure: bool
     precheck: Precheck | None = None
     """The authenticator's `before_body`, when its scheme can refuse from the head."""
+    single: frozenset[str] = frozenset()
+    """Lower-case header names that must come at most once: what the authenticator or the
+    source's normalizer reads (one header line each, or two readers may see two values)."""
 
 
 ROUTES_KEY: web.AppKey[dict[str, Route]] = web.AppKey("routes")
@@ -287,8 +298,23 @@ def build_routes(
         precheck = (
             authenticator.before_body if isinstance(authenticator, ChecksBeforeBody) else None
         )
-        routes[source] = Route(source, authenticator, not authenticated, precheck)
+        single = authenticator.read_headers | HEADERS_READ.get(source, frozenset())
+        routes[source] = Route(source, authenticator, not authenticated, precheck, single)
     return routes
+
+
+def forwarded_headers(received: CIMultiDictProxy[str], hidden: frozenset[str]) -> dict[str, str]:
+    """What the raw record carries of the request's headers: one value per lower-case name
+    (the lines of a repeated header joined with `, `, as HTTP reads them), credentials
+    (`hidden`) left out. One Kafka header per name: readers that keep the first or the last
+    of a repeated one see the same value (a header a check reads is never repeated here)."""
+    forwarded: dict[str, str] = {}
+    for name, value in received.items():
+        lower = name.lower()
+        if lower in hidden:
+            continue
+        forwarded[lower] = f"{forwarded[lower]}, {value}" if lower in forwarded else value
+    return forwarded
 
 
 def _request_facts(request: web.Request, body: bytes, now: float) -> RequestFacts:
@@ -364,6 +390,30 @@ MAX_DETAIL_CHARS = 300
 """Of a verdict's detail in the log: details may quote request headers (up to 8 KB each)."""
 
 
+def content_codings(values: Iterable[str]) -> list[str]:
+    """The content codings a request's `Content-Encoding` headers name, `identity` left out
+    (every header line counted: a request may carry several)."""
+    codings = (coding.strip().lower() for value in values for coding in value.split(","))
+    return [coding for coding in codings if coding and coding != "identity"]
+
+
+def _unsupported_encoding(source: str, codings: list[str]) -> web.Response:
+    """415 for an encoded body: no provider compresses what it posts, and a decoded body
+    would cost the bridge many times what it cost the sender before any credential is
+    checked (gzip inflates 1,000-fold), then not be the bytes that came (issue 23 #6)."""
+    REJECTED.labels(source, "encoded-body").inc()
+    log.info(
+        "refused delivery to /hooks/%s (415 encoded-body): Content-Encoding %s",
+        source,
+        ", ".join(codings)[:MAX_DETAIL_CHARS],
+    )
+    return web.Response(
+        status=415,
+        text="encoded bodies are not accepted\n",
+        headers={"Accept-Encoding": "identity"},
+    )
+
+
 def _refused(source: str, verdict: Verdict) -> web.Response:
     REJECTED.labels(source, verdict.reason).inc()
     log.info(
@@ -399,16 +449,26 @@ async def receive(request: web.Request) -> web.StreamResponse:
     if request.method not in methods:
         REJECTED.labels(source, "method-not-allowed").inc()
         raise web.HTTPMethodNotAllowed(request.method, sorted(methods))
+    codings = content_codings(request.headers.getall("Content-Encoding", ()))
+    if codings:
+        return _unsupported_encoding(source, codings)
     limits = request.app[LIMITS_KEY]
     declared = request.content_length
     if declared is not None and declared > limits.max_body_bytes:
         REJECTED.labels(source, "too-large").inc()
         raise web.HTTPRequestEntityTooLarge(max_size=limits.max_body_bytes, actual_size=declared)
-    hidden = route.authenticator.secret_headers
-    forwarded = {
-        name: value for name, value in request.headers.items() if name.lower() not in hidden
-    }
-    headers = raw_headers(source, "webhook", forwarded)
+    repeated = sorted(name for name in route.single if len(request.headers.getall(name, ())) > 1)
+    if repeated:
+        REJECTED.labels(source, "repeated-header").inc()
+        log.info(
+            "refused delivery to /hooks/%s (400 repeated-header): %s more than once",
+            source,
+            ", ".join(repeated),
+        )
+        return web.Response(status=400, text="repeated header\n")
+    headers = raw_headers(
+        source, "webhook", forwarded_headers(request.headers, route.authenticator.secret_headers)
+    )
     header_bytes = headers_size(headers)
     if header_bytes > limits.max_header_bytes:
         REJECTED.labels(source, "headers-too-large").inc()
@@ -584,6 +644,9 @@ def server_options(config: WebhookConfig) -> dict[str, object]:
         "max_headers": MAX_HEADERS,
         "lingering_time": LINGER_S,
         "read_bufsize": READ_BUFFER_BYTES,
+        # Bodies as they came: a decoded body is not what the provider sent, and inflating
+        # one is the sender's leverage (a request with a Content-Encoding is refused, 415).
+        "auto_decompress": False,
         "shutdown_timeout": 30.0,
     }
 

@@ -111,6 +111,7 @@ class AppwriteSignature:
     memory: EventMemory = field(default_factory=lambda: EventMemory(0, 0.0))
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset()
+    read_headers: frozenset[str] = frozenset({HEADER, EVENTS})
 
     async def before_body(self, request: RequestFacts) -> Verdict | None:
         """The signature header is there (the HMAC needs the body)."""

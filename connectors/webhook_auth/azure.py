@@ -30,6 +30,7 @@ from typing import Any
 from connectors.webhook_auth.base import RequestFacts, Verdict, publish, reject, respond, same
 
 EVENT_TYPE_HEADER = "aeg-event-type"
+ORIGIN_HEADER = "webhook-request-origin"
 VALIDATION_EVENT = "Microsoft.EventGrid.SubscriptionValidationEvent"
 
 
@@ -66,6 +67,10 @@ class EventGrid:
     def secret_headers(self) -> frozenset[str]:
         return frozenset({self.header}) if self.header else frozenset()
 
+    @property
+    def read_headers(self) -> frozenset[str]:
+        return self.secret_headers | {EVENT_TYPE_HEADER, ORIGIN_HEADER}
+
     def _credentials(self, request: RequestFacts) -> Verdict | None:
         """None when the shared secret is right (or the route is insecure)."""
         if self.secret is None:
@@ -100,7 +105,7 @@ class EventGrid:
         return publish()
 
     def _abuse_protection(self, request: RequestFacts) -> Verdict:
-        origin = (request.header("webhook-request-origin") or "").strip()
+        origin = (request.header(ORIGIN_HEADER) or "").strip()
         if not origin:
             return reject("malformed", "OPTIONS without WebHook-Request-Origin", 400)
         if "*" not in self.allowed_origins and origin not in self.allowed_origins:

@@ -34,6 +34,7 @@ class B2Signature:
     secret: str
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset()
+    read_headers: frozenset[str] = frozenset({HEADER})
 
     async def before_body(self, request: RequestFacts) -> Verdict | None:
         """A signature header with a `v1=` part is there (the HMAC needs the body)."""

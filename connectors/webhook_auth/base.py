@@ -105,6 +105,13 @@ class Authenticator(Protocol):
         """Lower-case header names that carry credentials: never forwarded to Kafka."""
         ...
 
+    @property
+    def read_headers(self) -> frozenset[str]:
+        """Lower-case header names its checks read (first value, `RequestFacts.headers`): a
+        request that repeats one is refused 400 before they run, so that the value checked
+        is the only one any later reader can see."""
+        ...
+
     async def authenticate(self, request: RequestFacts) -> Verdict: ...
 
 
@@ -189,6 +196,7 @@ class Insecure:
     source: str
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset()
+    read_headers: frozenset[str] = frozenset()
 
     async def authenticate(self, request: RequestFacts) -> Verdict:
         return publish()
@@ -206,6 +214,10 @@ class SharedSecretHeader:
     @property
     def secret_headers(self) -> frozenset[str]:
         return frozenset({self.header.lower()})
+
+    @property
+    def read_headers(self) -> frozenset[str]:
+        return self.secret_headers
 
     async def before_body(self, request: RequestFacts) -> Verdict | None:
         given = request.header(self.header)

@@ -62,6 +62,7 @@ class BoxSignature:
     window_s: float
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset()
+    read_headers: frozenset[str] = frozenset({TIMESTAMP, PRIMARY, SECONDARY, VERSION, ALGORITHM})
 
     async def before_body(self, request: RequestFacts) -> Verdict | None:
         """Headers there, version and algorithm right, the timestamp inside the window (the

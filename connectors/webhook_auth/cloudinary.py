@@ -37,6 +37,7 @@ class CloudinarySignature:
     window_s: float
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset()
+    read_headers: frozenset[str] = frozenset({SIGNATURE, TIMESTAMP})
 
     async def before_body(self, request: RequestFacts) -> Verdict | None:
         """Headers there, the algorithm right, the timestamp inside the window (the digest

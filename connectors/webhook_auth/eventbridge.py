@@ -37,6 +37,7 @@ class BasicAuth:
     password: str
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset({"authorization"})
+    read_headers: frozenset[str] = frozenset({"authorization"})
 
     async def before_body(self, request: RequestFacts) -> Verdict | None:
         """The whole check: the credentials are in the header."""

@@ -13,10 +13,14 @@ token. When both are configured, both are required.
 The token's time claims are checked against the bridge's (injectable) clock with
 `jwt_leeway_s` of tolerance; keys are cached per the JWKS response's `max-age` (1 h when it
 gives none) and fetched again, at most once a minute, when a token names an unknown `kid`.
+One fetch is in flight at a time, shared by every request waiting for the keys, and a failed
+fetch is not made again for `FAILED_RETRY_S` (10 s): unauthenticated requests cannot make
+the bridge fetch once each.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Mapping
@@ -39,6 +43,10 @@ from connectors.webhook_auth.base import (
 
 DEFAULT_MAX_AGE_S = 3600.0
 REFETCH_AFTER_S = 60.0
+FAILED_RETRY_S = 10.0
+"""After a failed key fetch, how long until the next: Pub/Sub's retries back off from 10 s, so
+a delivery refused meanwhile (503) is retried after it, while the requests in between cost no
+fetch each (issue 23 #7; as the SNS certificate store, `s3.UNAVAILABLE_RETRY_S`)."""
 MAX_AGE = re.compile(r"max-age=(\d+)")
 
 
@@ -63,14 +71,25 @@ def keys_from_jwks(document: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class GoogleKeys:
-    """Google's token signing keys: a fixed JWKS document, or fetched from `url` and cached."""
+    """Google's token signing keys: a fixed JWKS document, or fetched from `url` and cached.
+
+    Fetches are bounded whatever the requests: one fetch in flight at a time, which every
+    request that needs the keys meanwhile waits for; after a failed fetch none for
+    `FAILED_RETRY_S`, during which requests are answered with the keys held (while they are
+    at most `DEFAULT_MAX_AGE_S` past their expiry), else refused (`KeysUnavailable`, 503)."""
 
     url: str
     http_get: HttpGet
     fixed: Mapping[str, Any] | None = None
+    fetches: int = 0
+    """Outbound GETs made; for tests and the log."""
     _keys: dict[str, Any] = field(default_factory=dict)
     _fetched_at: float | None = None
     _expires_at: float = 0.0
+    _failure: str = ""
+    _retry_at: float = 0.0
+    """Before this (the request clock), a failed fetch is not made again."""
+    _flight: asyncio.Future[None] | None = None
 
     async def key(self, kid: str, now: float) -> Any | None:
         if self.fixed is not None:
@@ -80,23 +99,51 @@ class GoogleKeys:
             self._fetched_at is None or now - self._fetched_at >= REFETCH_AFTER_S
         )
         if stale or unknown:
-            await self._fetch(now)
+            if self._flight is None and now < self._retry_at:
+                if stale and not self._usable(now):
+                    raise KeysUnavailable(
+                        f"{self._failure} (not fetched again before {self._retry_at - now:.0f} s)"
+                    )
+            else:
+                await self._shared_fetch(now)
         return self._keys.get(kid)
 
+    def _usable(self, now: float) -> bool:
+        """Whether the keys held may still be served while Google's cannot be fetched."""
+        return bool(self._keys) and now < self._expires_at + DEFAULT_MAX_AGE_S
+
+    async def _shared_fetch(self, now: float) -> None:
+        """The fetch in flight, started if there is none; a waiter that gives up (its client
+        went away) does not cancel it for the others."""
+        flight = self._flight
+        if flight is None:
+            flight = self._flight = asyncio.ensure_future(self._fetch(now))
+            flight.add_done_callback(self._landed)
+        await asyncio.shield(flight)
+
+    def _landed(self, done: asyncio.Future[None]) -> None:
+        self._flight = None
+        if not done.cancelled():
+            done.exception()  # retrieved here, so a fetch nobody waits for logs nothing
+
     async def _fetch(self, now: float) -> None:
+        self.fetches += 1
         try:
             result = await self.http_get(self.url)
             if result.status != 200:
                 raise OSError(f"HTTP {result.status}")
             document = json.loads(result.body)
         except FETCH_ERRORS as exc:
-            if self._keys and now < self._expires_at + DEFAULT_MAX_AGE_S:
+            self._failure = f"fetching {self.url}: {exc!r}"
+            self._retry_at = now + FAILED_RETRY_S
+            if self._usable(now):
                 return  # keep serving the keys we have for a while
-            raise KeysUnavailable(f"fetching {self.url}: {exc!r}") from None
+            raise KeysUnavailable(self._failure) from None
         match = MAX_AGE.search(result.headers.get("cache-control", ""))
         max_age = float(match.group(1)) if match else DEFAULT_MAX_AGE_S
         self._keys = keys_from_jwks(document if isinstance(document, dict) else {})
         self._fetched_at, self._expires_at = now, now + max_age
+        self._failure, self._retry_at = "", 0.0
 
 
 @dataclass(frozen=True)
@@ -134,6 +181,10 @@ class PubSubPush:
     token_param: str
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset({"authorization"})
+
+    @property
+    def read_headers(self) -> frozenset[str]:
+        return frozenset({"authorization"}) if self.oidc is not None else frozenset()
 
     async def before_body(self, request: RequestFacts) -> Verdict | None:
         """The whole check: the token and the shared secret are in the head of the request

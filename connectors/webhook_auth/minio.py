@@ -33,6 +33,7 @@ class MinioToken:
     auth_token: str
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset({"authorization"})
+    read_headers: frozenset[str] = frozenset({"authorization"})
 
     async def before_body(self, request: RequestFacts) -> Verdict | None:
         """The whole check: the token is in the header."""

@@ -507,6 +507,8 @@ class SnsMessages:
     clock_skew_s: float = WebhookRouteConfig.SNS_CLOCK_SKEW_S
     methods: frozenset[str] = frozenset({"POST"})
     secret_headers: frozenset[str] = frozenset()
+    read_headers: frozenset[str] = frozenset()
+    """SNS signs inside the body; no header is read."""
     _topic_literals: tuple[bytes, ...] = field(init=False, repr=False)
     """Each allowed TopicArn as the JSON string SNS writes it."""
 

@@ -25,6 +25,8 @@ class Read:
     key: bytes | None
     value: bytes | None
     headers: dict[str, bytes]
+    header_lines: tuple[tuple[str, bytes], ...] = ()
+    """The headers as Kafka holds them, repeats and order kept."""
 
     def json(self) -> Any:
         return json.loads(self.value or b"null")
@@ -101,6 +103,7 @@ async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> lis
                             message.key,
                             message.value,
                             headers,
+                            tuple(message.headers),
                         )
                     )
         return sorted(records, key=lambda read: (read.partition, read.offset))

@@ -76,6 +76,12 @@ KEY_LIMITS: dict[str, KeyLimit] = {
     "appwrite": KeyLimit(36, "characters", "Appwrite file ids: at most 36 characters"),
 }
 """Per source, the longest key its provider allows; a longer one is malformed."""
+HEADERS_READ: dict[str, frozenset[str]] = {
+    "appwrite": frozenset({"x-appwrite-webhook-events"}),
+}
+"""Per source, the HTTP headers (`Delivery.headers`, lower case) its normalizer reads. The
+webhook bridge refuses a request that repeats one (400), so that the value it forwards is the
+only one there was: the bridge and the worker cannot read two different ones."""
 MAX_BUCKET_BYTES = 255
 """Longer than any provider's bucket or container name (S3, MinIO, Azure and B2: 63 or fewer
 characters; GCS: 222; Appwrite bucket ids: 36)."""
