@@ -24,7 +24,7 @@ records is written (streams.engine.topics holds the limits).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, get_args
@@ -329,6 +329,22 @@ def headers_dict(
         return {}
     items = headers.items() if isinstance(headers, Mapping) else headers
     return {name: value for name, value in items}
+
+
+def repeated_headers(
+    headers: Sequence[tuple[str, bytes | None]], names: Collection[str]
+) -> list[str]:
+    """The headers among `names` that a raw record carries more than once: a decision must
+    never read one of two values (the bridge refuses such requests; a record written to the
+    raw topic directly is dead-lettered for it)."""
+    seen: set[str] = set()
+    repeated: list[str] = []
+    for name, _ in headers:
+        if name in names:
+            if name in seen and name not in repeated:
+                repeated.append(name)
+            seen.add(name)
+    return repeated
 
 
 def json_line(data: Any) -> str:

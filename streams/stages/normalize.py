@@ -13,9 +13,17 @@ from collections.abc import Callable
 
 from streams import metrics
 from streams.config import Settings
-from streams.core.normalizers import SOURCES
-from streams.core.records import OutRecord, RawRecord, dead_letter_record, header_text, headers_dict
-from streams.core.routing import route
+from streams.core.normalizers import HEADERS_READ, SOURCES
+from streams.core.records import (
+    HEADER_PREFIX,
+    OutRecord,
+    RawRecord,
+    dead_letter_record,
+    header_text,
+    headers_dict,
+    repeated_headers,
+)
+from streams.core.routing import Routed, route
 from streams.engine.batches import Batch
 from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.outcomes import DeadLetters
@@ -23,6 +31,11 @@ from streams.engine.outcomes import DeadLetters
 log = logging.getLogger(__name__)
 
 KNOWN_SOURCES = frozenset(SOURCES)
+DECISIVE_HEADERS = frozenset(
+    {"source", *(f"{HEADER_PREFIX}{name}" for names in HEADERS_READ.values() for name in names)}
+)
+"""The raw record's headers a decision reads: each must come once (a repeated one is two
+readings of one delivery)."""
 UNKNOWN_SOURCE = "unknown"
 """The `source` label of deliveries whose source is no normalizer's: a header's value never
 becomes a metric label (a hostile one would make a series per value)."""
@@ -52,8 +65,14 @@ class NormalizeStage:
         for tp, messages in batch.items():
             default_source = settings.stream.default_source(tp.topic)
             for message in messages:
-                raw = RawRecord(tp.topic, message.value or b"", headers_dict(message.headers))
-                routed = route(raw, message.key, settings)
+                header_list = message.headers or []
+                raw = RawRecord(tp.topic, message.value or b"", headers_dict(header_list))
+                if len(raw.headers) < len(header_list):
+                    routed = self._repeated(raw, message.key, header_list) or route(
+                        raw, message.key, settings
+                    )
+                else:
+                    routed = route(raw, message.key, settings)
                 source = source_label(header_text(raw.headers, "source") or default_source)
                 received[source] += 1
                 normalized[source] += routed.events
@@ -80,6 +99,19 @@ class NormalizeStage:
         sent = await self.sender.send_all(records, "normalize", dead_letter)
         lettered = sum(refused.replacement is not None for refused in sent.refused)
         metrics.DEAD_LETTERED.labels("normalize").inc(lettered)
+
+    def _repeated(
+        self, raw: RawRecord, key: bytes | None, headers: list[tuple[str, bytes | None]]
+    ) -> Routed | None:
+        """A dead letter for a record that repeats a header a decision reads; else None."""
+        repeated = repeated_headers(headers, DECISIVE_HEADERS)
+        if not repeated:
+            return None
+        reason = f"repeated header(s) {', '.join(repeated)}: a decision reads exactly one"
+        letter = dead_letter_record(self.dead_letter_topic, raw, key, reason, "normalize")
+        added = tuple(header for header in letter.headers if header[0].startswith("error"))
+        letter.headers = (*((name, value or b"") for name, value in headers), *added)
+        return Routed(records=[letter], dead_letter_reason=reason)
 
 
 def _dead_letter_once(

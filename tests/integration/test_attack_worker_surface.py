@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.kafka_io import produce
-from support.payloads import s3_body, s3_record
+from support.kafka_io import produce, read_topic
+from support.payloads import appwrite_body, s3_body, s3_record
 from support.worker import Topology, Worker
 
 from streams.core.normalizers import SOURCES
@@ -107,3 +107,35 @@ def test_the_state_directory_is_readable_by_the_workers_user_only(worker: Worker
     for directory in (data, state):
         mode = stat.S_IMODE(directory.stat().st_mode)
         assert mode & 0o077 == 0, (directory, oct(mode))
+
+
+def test_a_raw_record_repeating_a_header_a_decision_reads_is_dead_lettered(
+    worker: Worker, kafka_bootstrap: str
+) -> None:
+    """Written to the raw topic directly (past the bridge, which refuses such a request): an
+    Appwrite body with its event header twice, `delete` then `create`. The worker would read
+    the last; it reads neither, and dead-letters the record with both values and the reason."""
+    names: Topology = worker.names  # type: ignore[attr-defined]
+    file_id = f"f{uuid.uuid4().hex[:12]}"
+    body, headers = appwrite_body(file_id, "uploads")
+    events = next(value for name, value in headers if name.endswith("x-appwrite-webhook-events"))
+    deleted = events.replace(b".create", b".delete")
+    twice = [
+        (name, value) for name, value in headers if not name.endswith("x-appwrite-webhook-events")
+    ]
+    twice += [
+        ("header.x-appwrite-webhook-events", deleted),
+        ("header.x-appwrite-webhook-events", events),
+    ]
+    lettered = worker.metric("storage_events_dead_lettered_total", stage="normalize")
+    asyncio.run(produce(kafka_bootstrap, names.raw, [(body, twice)]))
+    worker.wait_metric("storage_events_dead_lettered_total", lettered + 1, stage="normalize")
+    letters = asyncio.run(read_topic(kafka_bootstrap, names.dead_letter))
+    [letter] = [record for record in letters if record.value == body]
+    assert b"repeated header(s) header.x-appwrite-webhook-events" in letter.headers["error"]
+    assert [value for name, value in letter.header_lines if name.endswith("webhook-events")] == [
+        deleted,
+        events,
+    ]
+    output = asyncio.run(read_topic(kafka_bootstrap, names.output("default"), timeout_s=3))
+    assert not any(file_id in (record.value or b"").decode() for record in output)
