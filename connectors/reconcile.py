@@ -61,7 +61,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from connectors.command import BridgeCommand, add_publishing_arguments
-from connectors.command import raw_topic as command_raw_topic
 from connectors.publisher import PublishFailed, RawPublisher, raw_headers
 from streams.config import ConfigError, InstanceConfig, Settings
 from streams.core.event import FileEvent, format_time
@@ -377,6 +376,25 @@ async def publish_all(publisher: RawPublisher, drifts: list[Drift], timeout_s: f
     return sum(outcomes)
 
 
+def reconcile_topic(settings: Settings, instance: str, topic: str | None) -> str:
+    """Where the drift of `instance` is published: `--topic`, else the first raw topic that
+    carries `reconcile` to the instance; ConfigError when the topic named cannot."""
+    chosen = topic or settings.stream.raw_topic_for(SOURCE, instance)
+    if chosen is None:
+        raise ConfigError(
+            f"no [stream] raw_topics entry carries reconcile deliveries to instance "
+            f'{instance!r}; add one, e.g. {{ name = "files.reconcile.{instance}", '
+            f'sources = ["reconcile"], instances = ["{instance}"] }}'
+        )
+    configured = settings.stream.raw_topic(chosen)
+    if configured is not None and not (configured.carries(SOURCE) and configured.reaches(instance)):
+        raise ConfigError(
+            f"--topic {chosen}: the worker dead-letters reconcile deliveries for instance "
+            f"{instance!r} there (its sources or instances leave them out)"
+        )
+    return chosen
+
+
 def reconcile(args: argparse.Namespace, settings: Settings) -> int:
     instance = settings.instance(args.instance)
     if args.bucket and instance.bucket and args.bucket != instance.bucket:
@@ -388,7 +406,7 @@ def reconcile(args: argparse.Namespace, settings: Settings) -> int:
         raise ConfigError(
             f"instance {instance.name!r} takes every bucket; name the one to list with --bucket"
         )
-    raw_topic = command_raw_topic(args, settings)
+    raw_topic = reconcile_topic(settings, instance.name, args.topic)
     if instance.reconciled_source is None:
         print(
             f"connectors reconcile: instance {instance.name!r} names no single provider in "

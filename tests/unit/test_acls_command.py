@@ -92,6 +92,46 @@ def test_a_consumer_reads_one_instance_as_its_group(settings: Settings) -> None:
         consumer_acls(settings, "tenant-b", None, None)
 
 
+@pytest.mark.parametrize(
+    ("dead_letter_topic", "why"),
+    [
+        ("files.events.tenant-b", "the stream's output topic"),  # forged events for tenant-b
+        ("files.stale.tenant-a", "the stream's stale topic"),
+        ("files.dead-letter", "the stream's dead-letter topic"),  # what replay republishes
+        ("files.raw", "the stream's raw topic"),  # write into every instance
+        ("storage-events.by-key", "the stream's repartition topic"),
+        ("storage-events-seen-changelog", "the stream.s changelog topic"),
+        ("storage-events-__assignor-__leader", "the worker.s own prefix"),
+        ("files.events.tenant-b.dead-letter", "instance tenant-b's dead-letter topic"),
+    ],
+)
+def test_a_consumer_may_write_only_its_own_dead_letter_topic(
+    settings: Settings, dead_letter_topic: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23 #4: `--dead-letter-topic X` granted Write on X whatever X was."""
+    with pytest.raises(AclError, match=why):
+        consumer_acls(settings, "tenant-a", "billing", dead_letter_topic)
+    consumer = ("--component", "consumer", "--instance", "tenant-a", "--group", "billing")
+    code = main(
+        [*ACLS, "--principal", "User:c", *consumer, "--dead-letter-topic", dead_letter_topic]
+    )
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (2, "")
+    assert captured.err.startswith(f"error: --dead-letter-topic {dead_letter_topic}: ")
+    # Its own, default or named, is granted as before.
+    assert consumer_acls(settings, "tenant-a", "billing", None)[-1].name == (
+        "files.events.tenant-a.dead-letter"
+    )
+
+
+@pytest.mark.parametrize("suffix", ["", "-normalize", "-emit"])
+def test_a_consumer_may_not_join_the_worker_s_groups(settings: Settings, suffix: str) -> None:
+    """Issue 23 #4: Read on `<app_id>-emit` lets a consumer take the worker's partitions."""
+    group = settings.stream.app_id + suffix
+    with pytest.raises(AclError, match=f"--group {group}: one of the worker's own groups"):
+        consumer_acls(settings, "tenant-a", group, None)
+
+
 def test_the_kafka_acls_format_is_one_add_command_per_resource(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
