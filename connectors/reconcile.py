@@ -24,8 +24,9 @@ provider can lose one. Reconcile finds what the stream missed and publishes it:
    Listing is done before the topic is read: a change made during the run then shows up in
    the topic rather than as drift, and the synthetic event's time (`observed_at`, the start of
    the listing) makes ordering prefer any real event newer than the listing over it.
-4. **Publish** one synthetic delivery per drift to the raw topic (`source=reconcile`,
-   `transport=reconcile`; body and id rule in `streams.core.normalizers.reconcile`), each only
+4. **Publish** one synthetic delivery per drift (`source=reconcile`, `transport=reconcile`;
+   body, instance and id rule in `streams.core.normalizers.reconcile`) to `--topic`, else the
+   first raw topic that carries `reconcile` to the instance (`reconcile_topic`), each only
    once Kafka acknowledged it. Nothing with `--dry-run`.
 
 A second run once the stream has caught up (the worker turned the first run's deliveries into

@@ -11,7 +11,10 @@ security_protocol = "SASL_SSL"            # TLS and SASL: streams.kafka_settings
 
 [stream]
 raw_topics = ["files.raw", { name = "minio.events", default_source = "minio" }]
+# a topic may also say which sources its records may claim and which instances they reach:
+# { name = "files.reconcile.tenant-a", sources = ["reconcile"], instances = ["tenant-a"] }
 dead_letter_topic = "files.dead-letter"
+max_events_per_delivery = { s3 = 10 }   # per source; default what its provider sends
 partitions = 4
 replication_factor = 1
 min_insync_replicas = 1      # at most replication_factor; 2 of 3 in production
@@ -172,7 +175,8 @@ class InstanceConfig(_Strict):
     """The sources (streams.core.normalizers.SOURCES) whose events the instance accepts; unset:
     every source. A credential of a source not listed cannot write into the instance, even
     naming its bucket (or no bucket, as Box and Cloudinary deliveries do). `reconcile` is
-    always accepted (the operator's own tool; see streams.core.rules)."""
+    always accepted (the operator's own tool; see streams.core.rules): a reconcile delivery
+    reaches only the instance it names, on a raw topic that reaches it (streams.core.routing)."""
 
     @field_validator("prefix")
     @classmethod

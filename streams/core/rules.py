@@ -10,7 +10,8 @@ The checks, in order, each with its `Filtered` reason:
   `sources` every authenticated source can write into every instance; with it, a credential of
   another provider cannot. `reconcile` (synthetic deliveries that `python -m connectors
   reconcile` writes to the raw topic directly, with the operator's Kafka credentials rather
-  than a bridge's) is always kept.
+  than a bridge's) is always kept: streams.core.routing offers it to the one instance its
+  delivery names only, on a raw topic that reaches that instance.
 * `bucket`: an instance keeps its own bucket, or every bucket (no bucket, or `"*"`);
   deliveries that name no bucket always pass.
 * `prefix`: matched on a path boundary (`users` never matches `users-archive/x`), then

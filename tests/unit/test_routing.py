@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from functools import cache
 from typing import Any
 
 import pytest
@@ -249,31 +250,34 @@ def reconcile_body(instance: str | None, kind: str = "created", **more: Any) -> 
     return json.dumps(body).encode()
 
 
-SCOPED = Settings.model_validate(
-    {
-        "stream": {
-            "raw_topics": [
-                {"name": "files.raw", "sources": ["s3", "minio"]},
-                {"name": "minio.events", "default_source": "minio", "instances": ["tenant-a"]},
-                {"name": "reconcile.a", "sources": ["reconcile"], "instances": ["tenant-a"]},
-                {"name": "reconcile.any", "sources": ["reconcile"]},
+@cache
+def scoped() -> Settings:
+    """Raw topics that say what they carry and reach (a function: main refused the keys)."""
+    return Settings.model_validate(
+        {
+            "stream": {
+                "raw_topics": [
+                    {"name": "files.raw", "sources": ["s3", "minio"]},
+                    {"name": "minio.events", "default_source": "minio", "instances": ["tenant-a"]},
+                    {"name": "reconcile.a", "sources": ["reconcile"], "instances": ["tenant-a"]},
+                    {"name": "reconcile.any", "sources": ["reconcile"]},
+                ],
+            },
+            "instances": [
+                {"name": "tenant-a", "bucket": "uploads", "prefix": "tenant-a", "sources": ["s3"]},
+                {"name": "tenant-b", "bucket": "uploads", "prefix": "tenant-a", "sources": ["s3"]},
             ],
-        },
-        "instances": [
-            {"name": "tenant-a", "bucket": "uploads", "prefix": "tenant-a", "sources": ["s3"]},
-            {"name": "tenant-b", "bucket": "uploads", "prefix": "tenant-a", "sources": ["s3"]},
-        ],
-    }
-)
+        }
+    )
 
 
 def scoped_route(record: RawRecord) -> Any:
-    return route(record, None, SCOPED)
+    return route(record, None, scoped())
 
 
 def test_a_topic_carries_only_the_sources_the_configuration_gives_it() -> None:
     refused = scoped_route(raw(reconcile_body("tenant-a"), source=b"reconcile"))
-    assert [r.topic for r in refused.records] == [SCOPED.stream.dead_letter_topic]
+    assert [r.topic for r in refused.records] == [scoped().stream.dead_letter_topic]
     assert refused.dead_letter_reason == (
         "reconcile: raw topic files.raw carries s3, minio only: a record on it cannot claim "
         "source 'reconcile'"
@@ -304,7 +308,7 @@ def test_a_reconcile_delivery_reaches_only_the_instance_it_names() -> None:
 def test_a_reconcile_topic_of_one_instance_refuses_another_s_deliveries() -> None:
     pinned = raw(reconcile_body("tenant-b"), topic="reconcile.a", source=b"reconcile")
     routed = scoped_route(pinned)
-    assert [r.topic for r in routed.records] == [SCOPED.stream.dead_letter_topic]
+    assert [r.topic for r in routed.records] == [scoped().stream.dead_letter_topic]
     assert routed.dead_letter_reason == (
         "reconcile: raw topic reconcile.a reaches tenant-a only, not instance 'tenant-b'"
     )
@@ -324,7 +328,7 @@ def test_a_reconcile_delivery_without_a_known_instance_is_dead_lettered(
 ) -> None:
     record = raw(reconcile_body(instance), topic="reconcile.any", source=b"reconcile")
     routed = scoped_route(record)
-    assert [r.topic for r in routed.records] == [SCOPED.stream.dead_letter_topic]
+    assert [r.topic for r in routed.records] == [scoped().stream.dead_letter_topic]
     assert routed.dead_letter_reason is not None and reason in routed.dead_letter_reason
 
 

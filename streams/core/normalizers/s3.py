@@ -16,8 +16,8 @@ Accepted bodies (nested at most three deep, so every wrapper of one change gives
       `Records[].body` with `eventSource` `aws:sqs` (SQS).
 
 SNS envelopes: only what was signed is read (issue 13), and an envelope naming a field twice
-(in any of its objects) is MalformedDelivery, as the bridge refuses it (issue 23). SNS signs `Message`, `MessageId`,
-`Subject`, `Timestamp`, `TopicArn` and `Type` of a Notification
+(in any of its objects) is MalformedDelivery, as the bridge refuses it (issue 23). SNS signs
+`Message`, `MessageId`, `Subject`, `Timestamp`, `TopicArn` and `Type` of a Notification
 (https://docs.aws.amazon.com/sns/latest/dg/sns-verify-signature-of-message.html); the payload
 of an envelope is its `Message` and nothing else. A body is an envelope when it carries any
 SNS field (`Type`, `Message`, `MessageId`, `TopicArn`, `Signature`, ...), and that is decided
