@@ -113,6 +113,10 @@ def reconcile_acls(settings: Settings, instance: str | None, topic: str | None) 
         raise AclError("--component reconcile needs --instance NAME (the one it reconciles)")
     output = settings.instance(instance).output_topic
     chosen = topic or settings.stream.raw_topic_for("reconcile", instance)
+    if chosen is None:
+        raise AclError(
+            f"no [stream] raw_topics entry carries reconcile deliveries to instance {instance!r}"
+        )
     return [Acl("topic", output, ("Read", "Describe")), *bridge_acls(settings, chosen)]
 
 

@@ -12,7 +12,7 @@ import yaml
 
 from streams.acls import Acl, AclError, bridge_acls, consumer_acls, reconcile_acls, worker_acls
 from streams.cli import main
-from streams.config import Settings, load_settings
+from streams.config import ConfigError, Settings, load_settings
 from streams.engine.topics import topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +76,37 @@ def test_reconcile_reads_its_instances_output_and_writes_a_raw_topic(settings: S
         reconcile_acls(settings, None, None)
     with pytest.raises(AclError, match="is not one of"):
         reconcile_acls(settings, "tenant-a", "files.events.tenant-a")
+
+
+def test_reconcile_of_one_instance_writes_the_raw_topic_that_reaches_it_only() -> None:
+    """Issue 23 #1: with a reconcile topic per instance, each reconcile credential's Write
+    is on its own instance's topic, which the worker lets reach that instance only; the
+    command (connectors.reconcile.reconcile_topic) publishes there by default."""
+    from connectors.reconcile import reconcile_topic
+
+    scoped = Settings.model_validate(
+        {
+            "stream": {
+                "raw_topics": [
+                    {"name": "files.raw", "sources": ["s3"]},
+                    {"name": "files.reconcile.a", "sources": ["reconcile"], "instances": ["a"]},
+                ]
+            },
+            "instances": [{"name": "a"}, {"name": "b"}],
+        }
+    )
+    assert reconcile_acls(scoped, "a", None)[-1] == Acl(
+        "topic", "files.reconcile.a", ("Write", "Describe")
+    )
+    with pytest.raises(AclError, match=r"no .* carries reconcile deliveries to instance 'b'"):
+        reconcile_acls(scoped, "b", None)
+    assert reconcile_topic(scoped, "a", None) == "files.reconcile.a"
+    with pytest.raises(ConfigError, match=r"no \[stream\] raw_topics entry carries"):
+        reconcile_topic(scoped, "b", None)
+    with pytest.raises(ConfigError, match=r"--topic files\.reconcile\.a: the worker dead-letters"):
+        reconcile_topic(scoped, "b", "files.reconcile.a")
+    with pytest.raises(ConfigError, match=r"--topic files\.raw"):
+        reconcile_topic(scoped, "a", "files.raw")
 
 
 def test_a_consumer_reads_one_instance_as_its_group(settings: Settings) -> None:
