@@ -21,7 +21,9 @@ and the KafkaTopic manifests), so the ACLs cannot name other topics than the str
   publishes to a raw topic), and Read of that one instance's output topic, which it reads
   from the beginning with assigned partitions (no consumer group, so no group ACL).
 * consumer (`fileevents`): Read one instance's output topic as its group, Write its
-  dead-letter topic.
+  dead-letter topic. Refused: a dead-letter topic of the stream's topology (raw, repartition,
+  outputs, stale, the stream's dead-letter topic, changelogs), under the worker's `<app_id>-`
+  prefix, or another instance's `<topic>.dead-letter`; a group of the worker's own.
 
 No cluster ACL: since Kafka 2.8 (KIP-679) an idempotent producer needs Write on a topic, not
 IdempotentWrite on the cluster, and Kafka 4 brokers only work that way. Read, Write and
@@ -110,7 +112,12 @@ def reconcile_acls(settings: Settings, instance: str | None, topic: str | None) 
     if not instance:
         raise AclError("--component reconcile needs --instance NAME (the one it reconciles)")
     output = settings.instance(instance).output_topic
-    return [Acl("topic", output, ("Read", "Describe")), *bridge_acls(settings, topic)]
+    chosen = topic or settings.stream.raw_topic_for("reconcile", instance)
+    if chosen is None:
+        raise AclError(
+            f"no [stream] raw_topics entry carries reconcile deliveries to instance {instance!r}"
+        )
+    return [Acl("topic", output, ("Read", "Describe")), *bridge_acls(settings, chosen)]
 
 
 def consumer_acls(
@@ -123,11 +130,52 @@ def consumer_acls(
     if not group:
         raise AclError("--component consumer needs --group NAME (FileEvents' group_id)")
     topic = settings.instance(instance).output_topic
+    dead_letters = dead_letter_topic or f"{topic}.dead-letter"
+    refused = consumer_refusal(settings, instance, group, dead_letters)
+    if refused is not None:
+        raise AclError(refused)
     return [
         Acl("topic", topic, ("Read", "Describe")),
         Acl("group", group, ("Read", "Describe")),
-        Acl("topic", dead_letter_topic or f"{topic}.dead-letter", ("Write", "Describe")),
+        Acl("topic", dead_letters, ("Write", "Describe")),
     ]
+
+
+def consumer_refusal(
+    settings: Settings, instance: str, group: str, dead_letter_topic: str
+) -> str | None:
+    """Why a consumer of `instance` must not get these grants, or None.
+
+    Write on a topic of the stream's topology is write into the stream (a raw topic: into
+    every instance; an output topic: forged events for its tenant; the stream's dead-letter
+    topic: what `replay-dead-letters` republishes), and so is write on another instance's
+    consumer dead-letter topic or on a name under the worker's `<app_id>-` prefix. Read as
+    one of the worker's groups joins it, and takes partitions from the worker."""
+    app_id = settings.stream.app_id
+    worker_groups = (app_id, f"{app_id}-normalize", f"{app_id}-emit")
+    if group in worker_groups:
+        return (
+            f"--group {group}: one of the worker's own groups ({', '.join(worker_groups)}); a "
+            "consumer joining it takes partitions from the worker: name the consumer's own"
+        )
+    roles = {spec.name: spec.role for spec in topology(settings)}
+    others = {
+        f"{other.output_topic}.dead-letter": other.name
+        for other in settings.instances
+        if other.name != instance
+    }
+    if dead_letter_topic in roles:
+        what = f"the stream's {roles[dead_letter_topic]} topic"
+    elif dead_letter_topic.startswith(f"{app_id}-"):
+        what = f"under the worker's own prefix {app_id}-"
+    elif dead_letter_topic in others:
+        what = f"instance {others[dead_letter_topic]}'s dead-letter topic"
+    else:
+        return None
+    return (
+        f"--dead-letter-topic {dead_letter_topic}: {what}; a consumer of {instance} may write "
+        "its own dead-letter topic only (default <topic>.dead-letter)"
+    )
 
 
 def component_acls(settings: Settings, args: argparse.Namespace) -> list[Acl]:

@@ -11,7 +11,10 @@ security_protocol = "SASL_SSL"            # TLS and SASL: streams.kafka_settings
 
 [stream]
 raw_topics = ["files.raw", { name = "minio.events", default_source = "minio" }]
+# a topic may also say which sources its records may claim and which instances they reach:
+# { name = "files.reconcile.tenant-a", sources = ["reconcile"], instances = ["tenant-a"] }
 dead_letter_topic = "files.dead-letter"
+max_events_per_delivery = { s3 = 10 }   # per source; default what its provider sends
 partitions = 4
 replication_factor = 1
 min_insync_replicas = 1      # at most replication_factor; 2 of 3 in production
@@ -121,6 +124,20 @@ def check_topic_name(value: str) -> str:
     return value
 
 
+def check_sources(value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """A `sources` list: known sources, at least one, each once; None stays None."""
+    from streams.core.normalizers import SOURCES  # here: the normalizers import the models
+
+    if value is None:
+        return None
+    if not value:
+        raise ValueError("needs at least one source (leave it out to accept every source)")
+    for source in value:
+        if source not in SOURCES:
+            raise ValueError(f"unknown source {source!r} (known: {', '.join(SOURCES)})")
+    return tuple(dict.fromkeys(value))
+
+
 def normalize_prefix(prefix: str) -> str:
     """`/users/`, `users/` and `users` are the same prefix: `users`."""
     return prefix.strip("/")
@@ -159,7 +176,8 @@ class InstanceConfig(_Strict):
     """The sources (streams.core.normalizers.SOURCES) whose events the instance accepts; unset:
     every source. A credential of a source not listed cannot write into the instance, even
     naming its bucket (or no bucket, as Box and Cloudinary deliveries do). `reconcile` is
-    always accepted (the operator's own tool; see streams.core.rules)."""
+    always accepted (the operator's own tool; see streams.core.rules): a reconcile delivery
+    reaches only the instance it names, on a raw topic that reaches it (streams.core.routing)."""
 
     @field_validator("prefix")
     @classmethod
@@ -186,16 +204,7 @@ class InstanceConfig(_Strict):
     @field_validator("sources")
     @classmethod
     def _sources(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
-        from streams.core.normalizers import SOURCES  # here: the normalizers import the models
-
-        if value is None:
-            return None
-        if not value:
-            raise ValueError("needs at least one source (leave it out to accept every source)")
-        for source in value:
-            if source not in SOURCES:
-                raise ValueError(f"unknown source {source!r} (known: {', '.join(SOURCES)})")
-        return tuple(dict.fromkeys(value))
+        return check_sources(value)
 
     @field_validator("topic", "stale_topic")
     @classmethod
@@ -222,15 +231,72 @@ class InstanceConfig(_Strict):
 
 
 class RawTopicConfig(_Strict):
-    """A topic bridges write to; `default_source` serves producers that cannot set headers."""
+    """A topic bridges write to, and what its records may claim.
+
+    Whoever may write a raw topic may claim any of its `sources`, for any of its
+    `instances`: Kafka's ACLs on the topics are what bound a credential (README, "Security
+    model"). A record claiming a source the topic does not carry is dead-lettered."""
 
     name: str
     default_source: str | None = None
+    """The topic's own source (producers that cannot set headers, such as MinIO's Kafka
+    target): a record without a `source` header is of this source, and one whose header
+    names another is dead-lettered. With it, `sources` defaults to this one source."""
+    sources: tuple[str, ...] | None = None
+    """The sources records on this topic may claim; unset: `default_source` alone when it is
+    set, else every source (a topic whose writers may write as any provider)."""
+    instances: tuple[str, ...] | None = None
+    """The instances this topic's deliveries may reach; unset: every instance. A `reconcile`
+    delivery reaches only the instance it names, which must be one of these."""
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
         return check_topic_name(value)
+
+    @field_validator("default_source")
+    @classmethod
+    def _default_source(cls, value: str | None) -> str | None:
+        from streams.core.normalizers import SOURCES  # here: the normalizers import the models
+
+        if value is not None and value not in SOURCES:
+            raise ValueError(f"unknown source {value!r} (known: {', '.join(SOURCES)})")
+        return value
+
+    @field_validator("sources")
+    @classmethod
+    def _sources(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return check_sources(value)
+
+    @field_validator("instances")
+    @classmethod
+    def _instances(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and not value:
+            raise ValueError("needs at least one instance (leave it out for every instance)")
+        return None if value is None else tuple(dict.fromkeys(value))
+
+    @model_validator(mode="after")
+    def _default_is_carried(self) -> RawTopicConfig:
+        if self.default_source and self.sources and self.default_source not in self.sources:
+            raise ValueError(
+                f"default_source: {self.default_source!r} is not one of the topic's sources "
+                f"({', '.join(self.sources)})"
+            )
+        return self
+
+    @property
+    def carried_sources(self) -> tuple[str, ...] | None:
+        """The sources its records may claim; None: every source."""
+        if self.sources is not None:
+            return self.sources
+        return (self.default_source,) if self.default_source else None
+
+    def carries(self, source: str) -> bool:
+        carried = self.carried_sources
+        return carried is None or source in carried
+
+    def reaches(self, instance: str) -> bool:
+        return self.instances is None or instance in self.instances
 
 
 KafkaConfig = KafkaSettings
@@ -277,6 +343,10 @@ class StreamConfig(_Strict):
     `consumer` (KIP-848, Kafka 4.x), or `classic` with the cooperative-sticky assignor for
     older clusters. Either way a membership change moves only the partitions that change."""
     batch_size: int = Field(default=2000, ge=1, le=100_000)
+    max_events_per_delivery: dict[str, int] = Field(default_factory=dict)
+    """`{source = N}`: the most events one delivery of `source` may hold, instead of what its
+    provider sends at most (streams.core.normalizers.MAX_EVENTS_PER_DELIVERY). A delivery
+    with more is dead-lettered whole, with the count and the bound."""
     batch_within_s: float = Field(default=0.05, gt=0, le=10)
     dedupe_sweep_interval_s: float = Field(default=30.0, gt=0)
     """How often expired dedupe ids are removed (locally, and tombstoned in the changelog)."""
@@ -356,11 +426,39 @@ class StreamConfig(_Strict):
             value = float(value)  # seconds, as an environment variable gives them
         return parse_duration(value)
 
+    @field_validator("max_events_per_delivery")
+    @classmethod
+    def _events_bounds(cls, value: dict[str, int]) -> dict[str, int]:
+        check_sources(tuple(value) or None)
+        for source, bound in value.items():
+            if bound < 1:
+                raise ValueError(f"{source}: {bound} is not a positive number of events")
+        return value
+
+    def events_bound(self, source: str) -> int:
+        """The most events one delivery of `source` may hold (setting, else the provider's)."""
+        from streams.core.normalizers import MAX_EVENTS_PER_DELIVERY
+
+        return self.max_events_per_delivery.get(source) or MAX_EVENTS_PER_DELIVERY[source]
+
     def default_source(self, raw_topic: str) -> str | None:
         """The source of records on `raw_topic` that carry no `source` header."""
+        topic = self.raw_topic(raw_topic)
+        return None if topic is None else topic.default_source
+
+    def raw_topic(self, name: str) -> RawTopicConfig | None:
+        """The configuration of raw topic `name`, or None when it is not one."""
         for topic in self.raw_topics:
-            if topic.name == raw_topic:
-                return topic.default_source
+            if topic.name == name:
+                return topic
+        return None
+
+    def raw_topic_for(self, source: str, instance: str) -> str | None:
+        """The first raw topic that carries `source` and reaches `instance` (where a command
+        such as reconcile publishes by default), or None."""
+        for topic in self.raw_topics:
+            if topic.carries(source) and topic.reaches(instance):
+                return topic.name
         return None
 
     @field_validator("raw_topics", mode="before")
@@ -760,6 +858,29 @@ class Settings(_Strict):
                 "instances: every instance needs its own topic and stale_topic, distinct from "
                 f"each other and from the stream's topics; used twice: {', '.join(shared)}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _raw_topics_fit(self) -> Settings:
+        names = {instance.name for instance in self.instances}
+        for index, topic in enumerate(self.stream.raw_topics):
+            unknown = [name for name in topic.instances or () if name not in names]
+            if unknown:
+                raise ValueError(
+                    f"stream.raw_topics.{index}.instances: no instance named "
+                    f"{', '.join(map(repr, unknown))} (configured: {', '.join(sorted(names))})"
+                )
+        webhook = self.webhook
+        raw = self.stream.raw_topic(webhook.raw_topic)
+        if raw is not None:
+            sources = dict.fromkeys([*webhook.routes, *webhook.insecure_sources])
+            refused = [source for source in sources if not raw.carries(source)]
+            if refused:
+                raise ValueError(
+                    f"webhook.raw_topic: {raw.name} does not carry {', '.join(refused)} "
+                    f"(its sources: {', '.join(raw.carried_sources or ())}): the worker would "
+                    "dead-letter every delivery of those routes"
+                )
         return self
 
     @model_validator(mode="after")

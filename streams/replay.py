@@ -7,8 +7,19 @@ A dead-letter record (`streams.core.records.dead_letter_record`) holds a deliver
 came, its original headers, and three headers the stream added: `error` (why), `error.stage`
 (`normalize` or `emit`) and `error.topic` (the topic it was read from). Replaying one
 republishes the original key, value and headers, without those three, to `--to`, or, when
-`--to` is absent, to the record's own `error.topic` (for `normalize` dead letters: the raw
-topic the bridge wrote; for `emit` ones: the repartition topic).
+`--to` is absent, to the record's own `error.topic`, but only where the stream itself could
+have read it (`Targets`): the replaying operator may write topics the letter's writer may
+not, so a letter's own headers never choose a topic on their own (issue 23):
+
+* only letters of the stream's own dead-letter topic (`[stream] dead_letter_topic`, which
+  only the worker writes: `streams acls`); from any other topic, `--to` names the target;
+* `normalize` letters go back to their `error.topic` only if it is one of `[stream]
+  raw_topics` and carries the letter's `source` (streams.config.RawTopicConfig);
+* `emit` letters go back only to the repartition topic, with their instance re-checked: the
+  `instance` header names a configured instance, the value is a keyed event of it, the record
+  key is its repartition key, and the instance accepts the event's provider and bucket;
+* anything else (another stage, an output or stale topic, another instance's events) is
+  skipped: one stderr line per letter says which and why, and the summary counts them.
 
 * The dead-letter topic (`--from`, default `[stream] dead_letter_topic`) is read with
   `isolation.level=read_committed`, from the beginning of every partition to the end offsets
@@ -23,8 +34,9 @@ topic the bridge wrote; for `emit` ones: the repartition topic).
   command returns only once Kafka acknowledged every one of them.
 
 A summary line goes to stderr. Exit 0 when every selected record was replayed (or, on a dry
-run, could be); 1 when some records had no destination (no `error.topic` and no `--to`:
-they are counted and skipped); 2 with one line for a mistake (unknown topic, bad option).
+run, could be); 1 when some records were skipped (no `error.topic` and no `--to`, or a
+target refused above: they are counted and listed); 2 with one line for a mistake (unknown
+topic, bad option).
 
 Replaying is safe to repeat: the stream drops a change it already emitted by its event id
 (within the instance's dedupe TTL), so a second run only costs duplicates on the raw topic.
@@ -40,8 +52,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from streams.config import ConfigError, load_settings
-from streams.core.records import json_line
+from streams.config import ConfigError, Settings, load_settings
+from streams.core.records import headers_dict, json_line, parse_keyed, partition_key
+from streams.core.rules import accepts_source
 from streams.kafka_settings import KafkaSettings
 
 ADDED_HEADERS = frozenset({"error", "error.stage", "error.topic"})
@@ -89,7 +102,13 @@ class Summary:
     replayed: int = 0
     not_matching: int = 0
     no_destination: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    """Why matching letters were not replayed to their own `error.topic` -> how many."""
     destinations: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def skipped(self) -> int:
+        return self.no_destination + sum(self.refused.values())
 
     def line(self, source_topic: str, dry_run: bool) -> str:
         verb = "would replay" if dry_run else "replayed"
@@ -102,6 +121,8 @@ class Summary:
             text += f"; {self.not_matching} not matching --match-error"
         if self.no_destination:
             text += f"; {self.no_destination} skipped: no error.topic header and no --to"
+        for why, n in sorted(self.refused.items()):
+            text += f"; {n} skipped: {why} (name a target with --to)"
         return text
 
 
@@ -139,11 +160,66 @@ def dead_letter(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """Where a dead letter may go back without `--to`: where the stream read it from, and
+    only where it could have (module docstring)."""
+
+    settings: Settings
+    from_topic: str
+
+    def refusal(self, letter: DeadLetter) -> tuple[str, str] | None:
+        """(the kind of refusal, as the summary counts it; the details), or None."""
+        stream = self.settings.stream
+        origin = letter.origin_topic or ""
+        if self.from_topic != stream.dead_letter_topic:
+            return (
+                f"not from the stream's dead-letter topic {stream.dead_letter_topic}",
+                f"read from {self.from_topic}, whose writers may not be the worker",
+            )
+        if letter.stage == "normalize":
+            raw = stream.raw_topic(origin)
+            if raw is None:
+                return "error.topic is not a raw topic", f"error.topic {origin[:256]!r}"
+            source = letter.source or raw.default_source or ""
+            if not raw.carries(source):
+                return (
+                    "source not carried by its raw topic",
+                    f"{raw.name} does not carry source {source[:64]!r}",
+                )
+            return None
+        if letter.stage == "emit":
+            if origin != stream.repartition_topic:
+                return "error.topic is not the repartition topic", f"error.topic {origin[:256]!r}"
+            return self._instance_refusal(letter)
+        return "unknown error.stage", f"error.stage {letter.stage[:64]!r}"
+
+    def _instance_refusal(self, letter: DeadLetter) -> tuple[str, str] | None:
+        """The emit letter's instance, re-checked against its own record and the config."""
+        kind = "instance does not match"
+        try:
+            event = parse_keyed(letter.value or b"", headers_dict(letter.headers))
+        except ValueError as exc:
+            return "not a keyed event", str(exc)[:256]
+        names = {instance.name: instance for instance in self.settings.instances}
+        instance = names.get(event.instance)
+        if instance is None:
+            return kind, f"instance {event.instance[:200]!r} is not configured"
+        if letter.key != partition_key(event.instance, event.bucket, event.key):
+            return kind, f"the record key is not instance {instance.name}'s key of its event"
+        if not accepts_source(instance, event.provider):
+            return kind, f"instance {instance.name} does not accept {event.provider[:64]!r}"
+        if instance.bucket is not None and event.bucket not in (None, instance.bucket):
+            return kind, f"instance {instance.name} does not take bucket {event.bucket[:255]!r}"
+        return None
+
+
 async def replay_dead_letters(
     kafka: KafkaSettings | str,
     from_topic: str,
     to_topic: str | None = None,
     *,
+    settings: Settings | None = None,
     dry_run: bool = False,
     limit: int | None = None,
     match_error: str | None = None,
@@ -154,7 +230,8 @@ async def replay_dead_letters(
 
     Raises ReplayError when the topic does not exist, the broker cannot be reached or refuses
     the credentials (naming the setting), or Kafka did not acknowledge a republished record
-    (the summary so far is in the message).
+    (the summary so far is in the message). `settings` (default: the defaults) says which
+    targets a letter may name without `to_topic` (`Targets`).
     """
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.errors import KafkaError
@@ -167,7 +244,8 @@ async def replay_dead_letters(
     problem = await check_access(kafka)
     if problem is not None:
         raise ReplayError(problem[0])
-    selection = Selection(to_topic, limit, match_error)
+    targets = Targets(settings if settings is not None else Settings(), from_topic)
+    selection = Selection(to_topic, limit, match_error, targets)
     consumer = AIOKafkaConsumer(
         **kafka.aiokafka_args(),
         client_id="storage-events-replay",
@@ -221,6 +299,7 @@ class Selection:
     to_topic: str | None
     limit: int | None
     match_error: str | None
+    targets: Targets
     summary: Summary = field(default_factory=Summary)
 
     def full(self) -> bool:
@@ -229,19 +308,27 @@ class Selection:
     def matches(self, letter: DeadLetter) -> bool:
         return self.match_error is None or self.match_error in letter.error
 
-    def destination(self, letter: DeadLetter) -> str | None:
-        """Where `letter` goes, or None when it is not selected (counted here)."""
+    def destination(self, letter: DeadLetter) -> tuple[str | None, str | None]:
+        """(where `letter` goes, or None when it is not selected; why a matching letter is
+        skipped), counted here."""
         self.summary.read += 1
         if not self.matches(letter):
             self.summary.not_matching += 1
-            return None
+            return None, None
         destination = self.to_topic or letter.origin_topic
         if destination is None:
             self.summary.no_destination += 1
-            return None
+            return None, "no error.topic header; name a topic with --to"
+        if self.to_topic is None:
+            refused = self.targets.refusal(letter)
+            if refused is not None:
+                kind, details = refused
+                self.summary.refused[kind] = self.summary.refused.get(kind, 0) + 1
+                target = destination[:256]
+                return None, f"{kind}: {details}; not replayed to {target!r} without --to"
         self.summary.selected += 1
         self.summary.destinations[destination] = self.summary.destinations.get(destination, 0) + 1
-        return destination
+        return destination, None
 
 
 async def _copy(
@@ -289,12 +376,11 @@ async def _copy(
             letter = dead_letter(
                 message.partition, message.offset, message.key, message.value, message.headers
             )
-            destination = selection.destination(letter)
+            destination, skipped = selection.destination(letter)
             if destination is None:
-                if selection.matches(letter):  # so it had no destination
+                if skipped is not None:
                     print(
-                        f"skipped {from_topic}[{letter.partition}]@{letter.offset}: "
-                        "no error.topic header; name a topic with --to",
+                        f"skipped {from_topic}[{letter.partition}]@{letter.offset}: {skipped}",
                         file=sys.stderr,
                     )
                 continue
@@ -352,7 +438,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--to",
         dest="to_topic",
         metavar="TOPIC",
-        help="where to republish (default: each record's error.topic header)",
+        help="where to republish (default: each record's error.topic header, when that is "
+        "a raw topic of the stream or the repartition topic with its instance re-checked)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print what would be replayed, publish nothing"
@@ -392,6 +479,7 @@ def command_replay_dead_letters(args: argparse.Namespace) -> int:
                 settings.kafka,
                 from_topic,
                 args.to_topic,
+                settings=settings,
                 dry_run=args.dry_run,
                 limit=args.limit,
                 match_error=args.match_error,
@@ -402,4 +490,4 @@ def command_replay_dead_letters(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(summary.line(from_topic, args.dry_run), file=sys.stderr)
-    return 1 if summary.no_destination else 0
+    return 1 if summary.skipped else 0

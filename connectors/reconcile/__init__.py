@@ -26,8 +26,9 @@ provider can lose one. Reconcile finds what the stream missed and publishes it:
    nothing and says why (exit 3), unless `--max-deletes N` allows that many or `--force`. A
    listing that fails part-way publishes nothing at all (exit 1): the keys it did not reach
    would otherwise all read as deleted.
-5. **Publish** one synthetic delivery per drift to the raw topic (`source=reconcile`,
-   `transport=reconcile`; body and id rule in `streams.core.normalizers.reconcile`), each only
+5. **Publish** one synthetic delivery per drift (`source=reconcile`, `transport=reconcile`;
+   body, instance and id rule in `streams.core.normalizers.reconcile`) to `--topic`, else the
+   first raw topic that carries `reconcile` to the instance (`reconcile_topic`), each only
    once Kafka acknowledged it. Nothing with `--dry-run`, which prints the same summary.
 
 A second run once the stream has caught up (the worker turned the first run's deliveries into
@@ -65,7 +66,6 @@ from datetime import UTC, datetime
 from typing import TextIO
 
 from connectors.command import BridgeCommand, add_publishing_arguments
-from connectors.command import raw_topic as command_raw_topic
 from connectors.publisher import PublishFailed, RawPublisher, raw_headers
 from connectors.reconcile import listings
 from connectors.reconcile.drift import (
@@ -201,6 +201,25 @@ def _bucket(args: argparse.Namespace, instance: InstanceConfig, bucketless: bool
     return bucket
 
 
+def reconcile_topic(settings: Settings, instance: str, topic: str | None) -> str:
+    """Where the drift of `instance` is published: `--topic`, else the first raw topic that
+    carries `reconcile` to the instance; ConfigError when the topic named cannot."""
+    chosen = topic or settings.stream.raw_topic_for(SOURCE, instance)
+    if chosen is None:
+        raise ConfigError(
+            f"no [stream] raw_topics entry carries reconcile deliveries to instance "
+            f'{instance!r}; add one, e.g. {{ name = "files.reconcile.{instance}", '
+            f'sources = ["reconcile"], instances = ["{instance}"] }}'
+        )
+    configured = settings.stream.raw_topic(chosen)
+    if configured is not None and not (configured.carries(SOURCE) and configured.reaches(instance)):
+        raise ConfigError(
+            f"--topic {chosen}: the worker dead-letters reconcile deliveries for instance "
+            f"{instance!r} there (its sources or instances leave them out)"
+        )
+    return chosen
+
+
 def reconcile(
     args: argparse.Namespace, settings: Settings, knowledge: StreamKnowledge | None = None
 ) -> int:
@@ -208,7 +227,7 @@ def reconcile(
     instance = settings.instance(args.instance)
     listing = listings.chosen(args, instance)
     bucket = _bucket(args, instance, listing.bucketless)
-    raw_topic = command_raw_topic(args, settings)
+    raw_topic = reconcile_topic(settings, instance.name, args.topic)
     if args.max_deletes is not None and args.max_deletes < 0:
         raise ConfigError("--max-deletes must be 0 or more")
     if not 0 <= args.max_delete_share <= 1:

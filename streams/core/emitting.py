@@ -22,7 +22,8 @@ and same-named buckets of two providers no longer order against each other.
 State keys (the tables are co-partitioned with the repartition topic; the partition is the
 input record's):
 
-* `seen`: `<instance>/<id>` when the id is the provider's own derived id (`<provider>:...`,
+* `seen`: (a `reconcile` id is always in scope `reconcile`, whatever scope orders it:
+  `id_scope`) `<instance>/<id>` when the id is the provider's own derived id (`<provider>:...`,
   S3, GCS, MinIO, Supabase, Appwrite, reconcile, and B2/Box/Cloudinary fallbacks) and the
   scope is the provider itself: the key the stream wrote before scopes, so that state carries
   over at no cost. Otherwise `<instance>|<scope>|<id>`. Instance names hold no `|` and scopes
@@ -212,6 +213,14 @@ def instance_scope(event: KeyedEvent, instance: InstanceConfig) -> str:
     return scope(event)
 
 
+def id_scope(event: KeyedEvent, event_scope: str) -> str:
+    """The scope of an event's id: its ordering scope, except that a `reconcile` id is
+    always reconcile's own. Ordered against its provider's notifications, a listing's id
+    must still never take one of theirs: a reconcile delivery naming a B2 `eventId` as its
+    `id` would otherwise make that real change a duplicate."""
+    return "reconcile" if event.provider == "reconcile" else event_scope
+
+
 def scoped_seen_key(instance: str, event: KeyedEvent, scope: str) -> tuple[bytes, bool]:
     """The dedupe key of `event` in `scope`, and whether its id is the provider's own (whose
     key is the one before scopes: module docstring)."""
@@ -221,7 +230,8 @@ def scoped_seen_key(instance: str, event: KeyedEvent, scope: str) -> tuple[bytes
 
 def dedupe_key(event: KeyedEvent, instance: InstanceConfig) -> bytes:
     """The `seen` key `plan_batch` records for `event` in `instance`."""
-    return scoped_seen_key(instance.name, event, instance_scope(event, instance))[0]
+    event_scope = id_scope(event, instance_scope(event, instance))
+    return scoped_seen_key(instance.name, event, event_scope)[0]
 
 
 def legacy_id_readable(event_id: str, provider: str) -> bool:
@@ -370,7 +380,7 @@ def plan_batch(
 
         partition = item.partition
         event_scope = instance_scope(event, instance)
-        id_key, own = scoped_seen_key(instance.name, event, event_scope)
+        id_key, own = scoped_seen_key(instance.name, event, id_scope(event, event_scope))
         stored = lookup(SEEN, partition, id_key)
         if (
             stored is None

@@ -10,11 +10,8 @@ The checks, in order, each with its `Filtered` reason:
   `sources` every authenticated source can write into every instance; with it, a credential of
   another provider cannot. `reconcile` (synthetic deliveries that `python -m connectors
   reconcile` writes to the raw topic directly, with the operator's Kafka credentials rather
-  than a bridge's) is always kept.
-* `instance`: a `reconcile` delivery names the instance whose listing found it (its body's
-  `instance`) and is kept by that instance only. Its run compared that instance's listing
-  with that instance's output; and a Box or Cloudinary drift names no bucket, so without
-  this it would pass every instance's bucket filter.
+  than a bridge's) is always kept: streams.core.routing offers it to the one instance its
+  delivery names only, on a raw topic that reaches that instance.
 * `bucket`: an instance keeps its own bucket, or every bucket (no bucket, or `"*"`);
   deliveries that name no bucket always pass.
 * `prefix`: matched on a path boundary (`users` never matches `users-archive/x`), then
@@ -52,7 +49,7 @@ SIZE_CHANGING_PLUGINS = ("encryption", "compression")
 
 @dataclass(frozen=True, slots=True)
 class Filtered:
-    """Why an instance does not keep an event: `source`, `instance`, `bucket`, `prefix`,
+    """Why an instance does not keep an event: `source`, `bucket`, `prefix`,
     `prefix-escape` or `plugin:<name>`."""
 
     reason: str
@@ -112,10 +109,6 @@ def apply_instance(event: FileEvent, instance: InstanceConfig) -> FileEvent | Fi
     """The event as `instance` sees it, or why the instance drops it."""
     if instance.sources is not None and not accepts_source(instance, event.provider):
         return Filtered("source")
-    if event.provider in ALWAYS_ACCEPTED_SOURCES and event.raw is not None:
-        named = event.raw.get("instance")
-        if isinstance(named, str) and named != instance.name:
-            return Filtered("instance")
     if instance.bucket is not None and event.bucket is not None and event.bucket != instance.bucket:
         return Filtered("bucket")
     key = under_prefix(event.key, instance.prefix)

@@ -491,6 +491,24 @@ def test_records_beside_any_sns_field_are_malformed(body: Any) -> None:
     assert_malformed(SOURCE, body, "SNS")
 
 
+def test_an_envelope_naming_a_field_twice_is_malformed_as_the_bridge_refuses_it() -> None:
+    """Issue 23 #10: the bridge refuses an SNS message naming a field twice (401
+    `unsigned-fields`); the worker read the last `Message`, which SNS never signed."""
+    envelope = fixture("kafka-bind-sns-put.json")
+    signed = json.dumps(envelope)
+    forged_s3 = dict(sns_message("kafka-bind-sns-put.json"))
+    forged_s3["Records"] = [
+        {**forged_s3["Records"][0], "eventName": "ObjectRemoved:DeleteMarkerCreated"}
+    ]
+    # The signed Message first (what a verifier keeping the first reads), a forged one last.
+    twice = signed[:-1] + ', "Message": ' + json.dumps(json.dumps(forged_s3)) + "}"
+    assert_malformed(SOURCE, twice.encode(), "SNS message names a field twice")
+    nested = signed[:-1] + ', "MessageAttributes": {"a": {"Type": "S", "Type": "B"}}}'
+    assert_malformed(SOURCE, nested.encode(), "SNS message names a field twice")
+    # A bare S3 body is not an envelope: parsed once, as before.
+    assert len(run(forged_s3)) == 1
+
+
 def test_envelope_with_message_attributes_is_read() -> None:
     envelope = {**fixture("kafka-bind-sns-put.json"), "MessageAttributes": {"a": {"Type": "S"}}}
     assert run(envelope) == run(fixture("kafka-bind-sns-put.json"))

@@ -12,7 +12,7 @@ import yaml
 
 from streams.acls import Acl, AclError, bridge_acls, consumer_acls, reconcile_acls, worker_acls
 from streams.cli import main
-from streams.config import Settings, load_settings
+from streams.config import ConfigError, Settings, load_settings
 from streams.engine.topics import topology
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +78,37 @@ def test_reconcile_reads_its_instances_output_and_writes_a_raw_topic(settings: S
         reconcile_acls(settings, "tenant-a", "files.events.tenant-a")
 
 
+def test_reconcile_of_one_instance_writes_the_raw_topic_that_reaches_it_only() -> None:
+    """Issue 23 #1: with a reconcile topic per instance, each reconcile credential's Write
+    is on its own instance's topic, which the worker lets reach that instance only; the
+    command (connectors.reconcile.reconcile_topic) publishes there by default."""
+    from connectors.reconcile import reconcile_topic
+
+    scoped = Settings.model_validate(
+        {
+            "stream": {
+                "raw_topics": [
+                    {"name": "files.raw", "sources": ["s3"]},
+                    {"name": "files.reconcile.a", "sources": ["reconcile"], "instances": ["a"]},
+                ]
+            },
+            "instances": [{"name": "a"}, {"name": "b"}],
+        }
+    )
+    assert reconcile_acls(scoped, "a", None)[-1] == Acl(
+        "topic", "files.reconcile.a", ("Write", "Describe")
+    )
+    with pytest.raises(AclError, match=r"no .* carries reconcile deliveries to instance 'b'"):
+        reconcile_acls(scoped, "b", None)
+    assert reconcile_topic(scoped, "a", None) == "files.reconcile.a"
+    with pytest.raises(ConfigError, match=r"no \[stream\] raw_topics entry carries"):
+        reconcile_topic(scoped, "b", None)
+    with pytest.raises(ConfigError, match=r"--topic files\.reconcile\.a: the worker dead-letters"):
+        reconcile_topic(scoped, "b", "files.reconcile.a")
+    with pytest.raises(ConfigError, match=r"--topic files\.raw"):
+        reconcile_topic(scoped, "a", "files.raw")
+
+
 def test_a_consumer_reads_one_instance_as_its_group(settings: Settings) -> None:
     acls = consumer_acls(settings, "tenant-b", "billing", None)
     assert acls == [
@@ -90,6 +121,46 @@ def test_a_consumer_reads_one_instance_as_its_group(settings: Settings) -> None:
         consumer_acls(settings, None, "billing", None)
     with pytest.raises(AclError, match="--group"):
         consumer_acls(settings, "tenant-b", None, None)
+
+
+@pytest.mark.parametrize(
+    ("dead_letter_topic", "why"),
+    [
+        ("files.events.tenant-b", "the stream's output topic"),  # forged events for tenant-b
+        ("files.stale.tenant-a", "the stream's stale topic"),
+        ("files.dead-letter", "the stream's dead-letter topic"),  # what replay republishes
+        ("files.raw", "the stream's raw topic"),  # write into every instance
+        ("storage-events.by-key", "the stream's repartition topic"),
+        ("storage-events-seen-changelog", "the stream.s changelog topic"),
+        ("storage-events-__assignor-__leader", "the worker.s own prefix"),
+        ("files.events.tenant-b.dead-letter", "instance tenant-b's dead-letter topic"),
+    ],
+)
+def test_a_consumer_may_write_only_its_own_dead_letter_topic(
+    settings: Settings, dead_letter_topic: str, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 23 #4: `--dead-letter-topic X` granted Write on X whatever X was."""
+    with pytest.raises(AclError, match=why):
+        consumer_acls(settings, "tenant-a", "billing", dead_letter_topic)
+    consumer = ("--component", "consumer", "--instance", "tenant-a", "--group", "billing")
+    code = main(
+        [*ACLS, "--principal", "User:c", *consumer, "--dead-letter-topic", dead_letter_topic]
+    )
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (2, "")
+    assert captured.err.startswith(f"error: --dead-letter-topic {dead_letter_topic}: ")
+    # Its own, default or named, is granted as before.
+    assert consumer_acls(settings, "tenant-a", "billing", None)[-1].name == (
+        "files.events.tenant-a.dead-letter"
+    )
+
+
+@pytest.mark.parametrize("suffix", ["", "-normalize", "-emit"])
+def test_a_consumer_may_not_join_the_worker_s_groups(settings: Settings, suffix: str) -> None:
+    """Issue 23 #4: Read on `<app_id>-emit` lets a consumer take the worker's partitions."""
+    group = settings.stream.app_id + suffix
+    with pytest.raises(AclError, match=f"--group {group}: one of the worker's own groups"):
+        consumer_acls(settings, "tenant-a", group, None)
 
 
 def test_the_kafka_acls_format_is_one_add_command_per_resource(

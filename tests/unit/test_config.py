@@ -347,6 +347,66 @@ def test_raw_topics_as_strings_and_tables(tmp_path: Path) -> None:
     ]
 
 
+def test_what_a_raw_topic_carries_and_reaches(tmp_path: Path) -> None:
+    text = (
+        '[stream]\nraw_topics = [{ name = "files.raw", sources = ["s3", "minio"] },\n'
+        '  { name = "minio.events", default_source = "minio" },\n'
+        '  { name = "files.reconcile.a", sources = ["reconcile"], instances = ["a"] }]\n'
+        '[[instances]]\nname = "a"\n[[instances]]\nname = "b"\n'
+    )
+    stream = load(tmp_path, text).stream
+    raw, minio, reconcile = stream.raw_topics
+    assert (raw.carries("s3"), raw.carries("reconcile"), raw.reaches("b")) == (True, False, True)
+    assert (minio.carried_sources, minio.carries("s3")) == (("minio",), False)
+    assert (reconcile.reaches("a"), reconcile.reaches("b")) == (True, False)
+    assert stream.raw_topic_for("reconcile", "a") == "files.reconcile.a"
+    assert stream.raw_topic_for("reconcile", "b") is None
+    assert stream.events_bound("minio") == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "message"),
+    [
+        (
+            '[stream]\nraw_topics = [{ name = "r", instances = ["nope"] }]\n',
+            "stream.raw_topics.0.instances",
+            "no instance named 'nope'",
+        ),
+        (
+            '[stream]\nraw_topics = [{ name = "r", sources = ["dropbox"] }]\n',
+            "stream.raw_topics.0.sources",
+            "unknown source 'dropbox'",
+        ),
+        (
+            '[stream]\nraw_topics = [{ name = "r", default_source = "minio", sources = ["s3"] }]\n',
+            "stream.raw_topics.0",
+            "default_source: 'minio' is not one of the topic's sources",
+        ),
+        (
+            '[stream]\nraw_topics = [{ name = "files.raw", sources = ["minio"] }]\n'
+            '[webhook]\ninsecure_sources = ["s3"]\n',
+            "webhook.raw_topic",
+            "files.raw does not carry s3",
+        ),
+        (
+            "[stream]\nmax_events_per_delivery = { s3 = 0 }\n",
+            "stream.max_events_per_delivery",
+            "not a positive number",
+        ),
+        (
+            "[stream]\nmax_events_per_delivery = { dropbox = 3 }\n",
+            "stream.max_events_per_delivery",
+            "unknown source 'dropbox'",
+        ),
+    ],
+)
+def test_a_raw_topic_mistake_names_the_field(
+    tmp_path: Path, text: str, field: str, message: str
+) -> None:
+    error = config_error(tmp_path, text)
+    assert field in error and message in error, error
+
+
 def test_duplicate_instance_names(tmp_path: Path) -> None:
     text = (
         '[[instances]]\nname = "a"\n[[instances]]\nname = "b"\n'

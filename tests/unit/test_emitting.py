@@ -525,6 +525,32 @@ def test_reconcile_takes_the_scope_of_the_instance_s_one_source() -> None:
     assert outcomes(result) == {("a", "emitted"): 1, ("a", "stale"): 1, ("b", "emitted"): 2}
 
 
+@pytest.mark.parametrize("provider", ["b2", "supabase"])
+def test_a_reconcile_id_never_takes_a_provider_event_s_dedupe_key(provider: str) -> None:
+    """Issue 23 #1: a reconcile delivery is ordered in the scope of the instance's provider,
+    but its `id` (any string the delivery gives) must not make that provider's real change a
+    duplicate, nor the other way round."""
+    settings = Settings.model_validate({"instances": [{"name": "a", "sources": [provider]}]})
+    real_id = (
+        "4_zb330e285b37b4ed375c60c1a_f1000000e1c2ea2b"
+        if provider == "b2"
+        else ("supabase:0123456789abcdef0123456789abcdef")
+    )
+    forged = other("reconcile", id=real_id, time=datetime(2026, 11, 30, 0, 30, tzinfo=UTC))
+    real = other(provider, id=real_id, time=datetime(2026, 11, 30, 1, tzinfo=UTC))
+    state = MemoryState()
+    state.apply(plan_batch([keyed(forged)], settings, state, NOW))
+    result = plan_batch([keyed(real)], settings, state, NOW)
+    assert outcomes(result) == {("a", "emitted"): 1}
+    # A provider event naming a reconcile id does not take the listing's key either.
+    listing = other(
+        "reconcile", id="reconcile:" + "0" * 32, time=datetime(2026, 11, 30, 2, tzinfo=UTC)
+    )
+    state = MemoryState()
+    state.apply(plan_batch([keyed(other(provider, id=listing.id))], settings, state, NOW))
+    assert outcomes(plan_batch([keyed(listing)], settings, state, NOW)) == {("a", "emitted"): 1}
+
+
 # --- clock skew -----------------------------------------------------------------------------------
 
 

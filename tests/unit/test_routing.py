@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from functools import cache
 from typing import Any
 
 import pytest
@@ -223,12 +224,140 @@ def test_default_source_applies_without_a_source_header() -> None:
     assert FileEvent.model_validate_json(value).provider == "minio"
 
 
-def test_the_source_header_wins_over_the_default() -> None:
+def test_a_topic_with_a_default_source_refuses_a_record_claiming_another() -> None:
+    """Issue 23 #1: MinIO's own Kafka target writes `minio.events`; a credential that may
+    write it must not write as S3 (or reconcile) by setting a `source` header."""
     record = raw(s3_body(s3_record("x")), topic="minio.events", source=b"s3")
-    routed = route(record, None, SETTINGS)
-    value = routed.records[0].value
-    assert value is not None
-    assert FileEvent.model_validate_json(value).provider == "s3"
+    assert_dead_letter(record, None, "raw topic minio.events carries minio only", "s3: ")
+    reconcile = raw(reconcile_body("all", "deleted"), topic="minio.events", source=b"reconcile")
+    assert_dead_letter(reconcile, None, "cannot claim source 'reconcile'", "reconcile: ")
+    # Its own source, said or not, is normalized as before.
+    said = route(raw(MINIO_BODY, topic="minio.events", source=b"minio"), None, SETTINGS)
+    assert keyed(said.records) == [(b"all/images/tenant-a/a+b.jpg", "all", "tenant-a/a+b.jpg")]
+
+
+def reconcile_body(instance: str | None, kind: str = "created", **more: Any) -> bytes:
+    body: dict[str, Any] = {
+        "type": kind,
+        "bucket": "uploads",
+        "key": "tenant-a/x.txt",
+        "etag": "e1",
+        "observed_at": "2026-11-30T01:00:00Z",
+        **more,
+    }
+    if instance is not None:
+        body["instance"] = instance
+    return json.dumps(body).encode()
+
+
+@cache
+def scoped() -> Settings:
+    """Raw topics that say what they carry and reach (a function: main refused the keys)."""
+    return Settings.model_validate(
+        {
+            "stream": {
+                "raw_topics": [
+                    {"name": "files.raw", "sources": ["s3", "minio"]},
+                    {"name": "minio.events", "default_source": "minio", "instances": ["tenant-a"]},
+                    {"name": "reconcile.a", "sources": ["reconcile"], "instances": ["tenant-a"]},
+                    {"name": "reconcile.any", "sources": ["reconcile"]},
+                ],
+            },
+            "instances": [
+                {"name": "tenant-a", "bucket": "uploads", "prefix": "tenant-a", "sources": ["s3"]},
+                {"name": "tenant-b", "bucket": "uploads", "prefix": "tenant-a", "sources": ["s3"]},
+            ],
+        }
+    )
+
+
+def scoped_route(record: RawRecord) -> Any:
+    return route(record, None, scoped())
+
+
+def test_a_topic_carries_only_the_sources_the_configuration_gives_it() -> None:
+    refused = scoped_route(raw(reconcile_body("tenant-a"), source=b"reconcile"))
+    assert [r.topic for r in refused.records] == [scoped().stream.dead_letter_topic]
+    assert refused.dead_letter_reason == (
+        "reconcile: raw topic files.raw carries s3, minio only: a record on it cannot claim "
+        "source 'reconcile'"
+    )
+    kept = scoped_route(raw(s3_body(s3_record("tenant-a/x")), source=b"s3"))
+    assert keyed(kept.records) == [
+        (b"tenant-a/uploads/x", "tenant-a", "x"),
+        (b"tenant-b/uploads/x", "tenant-b", "x"),
+    ]
+
+
+def test_a_topic_with_instances_reaches_only_those() -> None:
+    routed = scoped_route(raw(MINIO_BODY.replace(b"images", b"uploads"), topic="minio.events"))
+    # tenant-a does not accept minio; tenant-b is not reached by the topic at all.
+    assert routed.records == []
+    assert routed.filtered == Counter({("tenant-a", "source"): 1, ("tenant-b", "topic"): 1})
+
+
+def test_a_reconcile_delivery_reaches_only_the_instance_it_names() -> None:
+    """Issue 23 #1: today a reconcile delivery passes every instance's `sources` filter."""
+    routed = scoped_route(
+        raw(reconcile_body("tenant-b"), topic="reconcile.any", source=b"reconcile")
+    )
+    assert keyed(routed.records) == [(b"tenant-b/uploads/x.txt", "tenant-b", "x.txt")]
+    assert routed.filtered == Counter({("tenant-a", "instance"): 1})
+
+
+def test_a_reconcile_topic_of_one_instance_refuses_another_s_deliveries() -> None:
+    pinned = raw(reconcile_body("tenant-b"), topic="reconcile.a", source=b"reconcile")
+    routed = scoped_route(pinned)
+    assert [r.topic for r in routed.records] == [scoped().stream.dead_letter_topic]
+    assert routed.dead_letter_reason == (
+        "reconcile: raw topic reconcile.a reaches tenant-a only, not instance 'tenant-b'"
+    )
+    unnamed = scoped_route(raw(reconcile_body(None), topic="reconcile.a", source=b"reconcile"))
+    assert keyed(unnamed.records) == [(b"tenant-a/uploads/x.txt", "tenant-a", "x.txt")]
+
+
+@pytest.mark.parametrize(
+    ("instance", "reason"),
+    [
+        (None, "names no instance"),
+        ("tenant-z", "instance 'tenant-z' is not configured"),
+    ],
+)
+def test_a_reconcile_delivery_without_a_known_instance_is_dead_lettered(
+    instance: str | None, reason: str
+) -> None:
+    record = raw(reconcile_body(instance), topic="reconcile.any", source=b"reconcile")
+    routed = scoped_route(record)
+    assert [r.topic for r in routed.records] == [scoped().stream.dead_letter_topic]
+    assert routed.dead_letter_reason is not None and reason in routed.dead_letter_reason
+
+
+def test_a_delivery_with_more_events_than_its_provider_sends_is_dead_lettered_whole() -> None:
+    """Issue 23 #8: MinIO sends one record per POST; 10,701 records made 10,701 events."""
+    record_ = json.loads(MINIO_BODY)["Records"][0]
+    many = json.dumps({"Records": [record_] * 3}).encode()
+    routed = route(raw(many, topic="minio.events"), None, SETTINGS)
+    assert [r.topic for r in routed.records] == [DEAD_LETTER]
+    assert routed.dead_letter_reason == (
+        "minio: 3 events in one delivery, over the 1 one minio delivery holds at most "
+        "(stream.max_events_per_delivery.minio)"
+    )
+    assert routed.records[0].value == many and routed.events == 0
+    s3_many = raw(
+        s3_body(*(s3_record(f"k{n}", sequencer=f"{n:04X}") for n in range(11))), source=b"s3"
+    )
+    assert route(s3_many, None, SETTINGS).dead_letter_reason == (
+        "s3: 11 events in one delivery, over the 10 one s3 delivery holds at most "
+        "(stream.max_events_per_delivery.s3)"
+    )
+    # The setting raises (or lowers) a source's bound.
+    raised = SETTINGS.model_copy(
+        update={
+            "stream": SETTINGS.stream.model_copy(update={"max_events_per_delivery": {"s3": 11}})
+        }
+    )
+    assert route(s3_many, None, raised).dead_letter_reason is None
+    assert route(s3_many, None, raised).events == 11
 
 
 def test_a_malformed_delivery_on_a_default_source_topic_names_that_source() -> None:

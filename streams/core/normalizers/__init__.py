@@ -82,6 +82,28 @@ HEADERS_READ: dict[str, frozenset[str]] = {
 """Per source, the HTTP headers (`Delivery.headers`, lower case) its normalizer reads. The
 webhook bridge refuses a request that repeats one (400), so that the value it forwards is the
 only one there was: the bridge and the worker cannot read two different ones."""
+MAX_EVENTS_PER_DELIVERY: dict[str, int] = {
+    # One notification is one record; a Lambda SQS event batches 10 messages by default
+    # (raise `stream.max_events_per_delivery.s3` for a larger Lambda batch size).
+    "s3": 10,
+    "eventbridge": 1,  # one event per target invocation, SQS message or SNS message
+    "gcs": 1,  # one Pub/Sub message, one change
+    # Event Grid batches at most 5,000 events (maxEventsPerBatch); a rename is two.
+    "azure": 10_000,
+    "minio": 1,  # one record per webhook POST and per Kafka target message
+    "supabase": 2,  # one row; a move is a delete and a create
+    "b2": 50,  # 1-50 events per POST
+    "box": 1,
+    # A delete notification lists the resources of one Admin API call: by prefix or tag,
+    # at most 1,000; a rename is two.
+    "cloudinary": 1_000,
+    "appwrite": 1,
+    "reconcile": 1,  # connectors.reconcile writes one change per delivery
+}
+"""Per source, the most events one delivery becomes: what its provider sends at most
+(PROVIDERS.md). A delivery with more was not sent by the provider as it is (one 1 MiB MinIO
+POST of small records made 10,701 events): streams.core.routing dead-letters it whole, so
+no part of it is published. `stream.max_events_per_delivery` overrides a source's bound."""
 MAX_BUCKET_BYTES = 255
 """Longer than any provider's bucket or container name (S3, MinIO, Azure and B2: 63 or fewer
 characters; GCS: 222; Appwrite bucket ids: 36)."""

@@ -13,7 +13,7 @@ delivery, one change each:
      "last_modified": "2026-11-30T00:08:07Z" | null,
      "observed_at": "2026-11-30T01:00:00.123456Z",
      "id": "reconcile:<32 hex>",           # optional; derived as below when absent
-     "instance": "tenant-a",               # informational
+     "instance": "tenant-a",               # the one instance it is for (streams.core.routing)
      "reason": "not-in-stream" | "deleted-in-stream" | "etag-differs" | "not-listed"}
 
 `created`: the listing holds the object and the stream does not (no event for the key, or its
@@ -26,7 +26,14 @@ Id (the spec's fallback for providers without an event id: the key, the ETag and
 last-modified time): `reconcile_id(type, bucket, key, etag, last_modified)` =
 `derived_id("reconcile", type, bucket, key, etag, last_modified in RFC 3339 UTC)`. So two runs
 that see the same drift publish the same id (the stream drops the second), while a later
-drift of the same key differs in ETag or time. A given `id` is taken as is.
+drift of the same key differs in ETag or time. A given `id` is taken as is, and deduped in
+reconcile's own scope (streams.core.emitting.id_scope): it never takes a provider event's
+dedupe key, whatever it says.
+
+Instance: a reconcile delivery is for the one instance its `instance` names (on a raw topic
+that reaches one instance, that one when absent); routing sends it there only
+(streams.core.routing.reconcile_instance), so a reconcile credential reaches only the
+instances of the raw topics it may write.
 
 Fields: `time` is `observed_at` (else `last_modified`): when the listing that found the drift
 started. The provider sent no event for a change that reconcile finds, and ordering per key
@@ -86,6 +93,7 @@ def normalize(delivery: Delivery) -> list[FileEvent]:
     size = optional_int(body.get("size"), "size")
     last_modified = parse_time(body.get("last_modified"), "last_modified")
     observed_at = parse_time(body.get("observed_at"), "observed_at")
+    optional_str(body.get("instance"), "instance")  # routing reads it from `raw`
     event_id = present(body.get("id"), "id") or reconcile_id(
         event_type, bucket, key, etag, last_modified
     )

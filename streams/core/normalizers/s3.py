@@ -15,8 +15,9 @@ Accepted bodies (nested at most three deep, so every wrapper of one change gives
     * Lambda events whose records wrap one: `Records[].Sns.Message` (SNS) or
       `Records[].body` with `eventSource` `aws:sqs` (SQS).
 
-SNS envelopes: only what was signed is read (issue 13). SNS signs `Message`, `MessageId`,
-`Subject`, `Timestamp`, `TopicArn` and `Type` of a Notification
+SNS envelopes: only what was signed is read (issue 13), and an envelope naming a field twice
+(in any of its objects) is MalformedDelivery, as the bridge refuses it (issue 23). SNS signs
+`Message`, `MessageId`, `Subject`, `Timestamp`, `TopicArn` and `Type` of a Notification
 (https://docs.aws.amazon.com/sns/latest/dg/sns-verify-signature-of-message.html); the payload
 of an envelope is its `Message` and nothing else. A body is an envelope when it carries any
 SNS field (`Type`, `Message`, `MessageId`, `TopicArn`, `Signature`, ...), and that is decided
@@ -60,6 +61,7 @@ helpers (`present`, `strip_quotes`, `optional_int`, `parse_time`, `load_json`) a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import Any, Literal
@@ -137,7 +139,7 @@ _LAMBDA_SNS_RECORD_FIELDS = frozenset(
 
 def normalize(delivery: Delivery) -> list[FileEvent]:
     """Every created/deleted event in one S3 notification delivery, in record order."""
-    return _events(load_json(delivery.body), 0)
+    return _events(load_json(delivery.body), 0, delivery.body)
 
 
 def classify(event_name: str) -> Kind | None:
@@ -152,13 +154,15 @@ def classify(event_name: str) -> Kind | None:
     return None
 
 
-def _events(body: Any, depth: int) -> list[FileEvent]:
+def _events(body: Any, depth: int, text: bytes | str) -> list[FileEvent]:
+    """The events of `body`, parsed from `text` (read again only for an SNS envelope)."""
     if not isinstance(body, dict):
         raise MalformedDelivery("S3 notification is not a JSON object")
     if not body.keys().isdisjoint(SNS_MARKERS):
         # Before Records: an envelope's payload is its signed Message, never a field beside it.
+        refuse_repeated_names(text, "SNS")
         message = sns_payload(body, SNS_NOTIFICATION_FIELDS, "SNS", "SNS Message")
-        return _events(_nested(message, "SNS Message", depth), depth + 1)
+        return _events(_nested(message, "SNS Message", depth), depth + 1, message)
     if "Records" not in body:
         if body.get("Event") == "s3:TestEvent":
             return []  # sent once when a notification configuration is saved
@@ -181,8 +185,33 @@ def _events(body: Any, depth: int) -> list[FileEvent]:
         if inner is None:
             events.extend(record_events(record, index, SOURCE, classify, _EVENT_SOURCES))
         else:
-            events.extend(_events(_nested(inner, _record_name(index), depth), depth + 1))
+            events.extend(_events(_nested(inner, _record_name(index), depth), depth + 1, inner))
     return events
+
+
+class _RepeatedName(ValueError):
+    """A JSON object names one field twice."""
+
+
+def _unique_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        raise _RepeatedName
+    return result
+
+
+def refuse_repeated_names(text: bytes | str, what: str) -> None:
+    """MalformedDelivery when an object of the envelope `text` names a field twice, the
+    bridge's rule (connectors.webhook_auth.s3): the signature covers one reading of the
+    message, and a parser that keeps the other (`Message` given twice: the first signed, the
+    last read here) must never decide what it says. Only envelopes are read twice (a parse
+    of mostly one string, `Message`); every field SNS sends is a string or an object."""
+    try:
+        json.loads(text, object_pairs_hook=_unique_names)
+    except _RepeatedName:
+        raise MalformedDelivery(f"{what} message names a field twice") from None
+    except (ValueError, RecursionError):
+        return  # load_json read it: its own reading stands, and refused what it refuses
 
 
 def sns_payload(
