@@ -199,10 +199,9 @@ def create_app(settings: Settings) -> StreamsApp:
                             stage_loop.lock.acquire(), max(0.0, finish_by - loop.time())
                         )
                         held.append(stage_loop.lock)
-                with contextlib.suppress(Exception):  # a failure was logged by its stage
-                    await asyncio.wait_for(
-                        pipeline.emitter.drain(), max(0.0, finish_by - loop.time())
-                    )
+                for drain in (pipeline.normalizer.drain, pipeline.emitter.drain):
+                    with contextlib.suppress(Exception):  # a failure was logged by its stage
+                        await asyncio.wait_for(drain(), max(0.0, finish_by - loop.time()))
                 if pipeline.progress.stuck() or len(held) < 2:
                     log.warning(
                         "stopping: abandoning the batches that could not finish in %.0f s "

@@ -1,15 +1,18 @@
 """Stage one's runner: a batch of raw deliveries normalized, routed and written, keyed by
 object, to the repartition topic (dead letters for what cannot be parsed).
 
-At least once: the stage's loop commits the input offsets after Kafka acknowledged every
-record of the batch (a repeat is a duplicate the emit stage drops).
+At least once: a batch's input offsets are committed after Kafka acknowledged every record
+of it and of every batch before it (a repeat is a duplicate the emit stage drops). Never idle
+on Kafka: while up to MAX_BATCHES_IN_FLIGHT batches wait for their acknowledgements and
+commits, the next one is fetched, normalized and queued.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
 
 from streams import metrics
 from streams.config import Settings
@@ -27,6 +30,7 @@ from streams.core.routing import Routed, route
 from streams.engine.batches import Batch
 from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.outcomes import DeadLetters
+from streams.progress import Stopping
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +50,88 @@ def source_label(source: str | None) -> str:
     return source if source in KNOWN_SOURCES else UNKNOWN_SOURCE
 
 
+MAX_BATCHES_IN_FLIGHT = 4
+"""Batches written but not yet acknowledged and committed, while the next is normalized."""
+
+
 class NormalizeStage:
     """Normalize and repartition batches of raw deliveries."""
 
-    def __init__(self, settings: Settings, sender: RdRecordSender) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        sender: RdRecordSender,
+        commit: Callable[[Batch], Awaitable[None]],
+        stop_on_failure: Callable[[str, BaseException], Awaitable[None]],
+    ) -> None:
         self.settings = settings
         self.sender = sender
+        self.commit = commit
+        """Commits a batch's input offsets (the stage's group member)."""
+        self.stop_on_failure = stop_on_failure
+        """Called when a batch's write fails outside the stage's loop (nobody awaits it)."""
         self.dead_letter_topic = settings.stream.dead_letter_topic
+        self._in_flight: deque[asyncio.Future[None]] = deque()
+        """The batches written and not yet committed, oldest first."""
 
     async def handle(self, batch: Batch) -> None:
-        """Normalize and repartition one batch of raw deliveries."""
+        """Normalize one batch and start its write; its offsets are committed once it and
+        every batch before it are acknowledged (`_write`). Waits only while
+        MAX_BATCHES_IN_FLIGHT are in flight."""
+        while self._in_flight and self._in_flight[0].done():
+            self._in_flight.popleft().result()  # a failure raises here (the stage stops)
+        while len(self._in_flight) >= MAX_BATCHES_IN_FLIGHT:
+            await self._in_flight[0]
+            self._in_flight.popleft()
+        records, origins = self._route(batch)
+        previous = self._in_flight[-1] if self._in_flight else None
+        self._in_flight.append(
+            asyncio.ensure_future(self._write(batch, records, origins, previous))
+        )
+
+    async def drain(self) -> None:
+        """Wait until every batch in flight is acknowledged and committed (before partitions
+        move, and on stop); raise the first that failed."""
+        while self._in_flight:
+            future = self._in_flight[0]
+            try:
+                await asyncio.shield(future)
+            finally:
+                if future.done():
+                    self._in_flight.popleft()
+
+    def abort(self) -> None:
+        """Cancel the writes in flight: their offsets stay uncommitted (read again)."""
+        for future in self._in_flight:
+            future.cancel()
+        self._in_flight.clear()
+
+    async def _write(
+        self,
+        batch: Batch,
+        records: list[OutRecord],
+        origins: dict[int, tuple[RawRecord, bytes | None]],
+        previous: asyncio.Future[None] | None,
+    ) -> None:
+        try:
+            dead_letter = _dead_letter_once(origins, self.dead_letter_topic)
+            sent = await self.sender.send_all(records, "normalize", dead_letter)
+            lettered = sum(refused.replacement is not None for refused in sent.refused)
+            metrics.DEAD_LETTERED.labels("normalize").inc(lettered)
+            if previous is not None:
+                await previous  # offsets in order: its failure is this batch's too
+            await self.commit(batch)
+        except (asyncio.CancelledError, Stopping):
+            raise
+        except Exception as exc:
+            await self.stop_on_failure("normalize", exc)
+            raise
+
+    def _route(
+        self, batch: Batch
+    ) -> tuple[list[OutRecord], dict[int, tuple[RawRecord, bytes | None]]]:
+        """Normalize and route every delivery of `batch` (counted in the metrics): the keyed
+        and dead-letter records, and the delivery each keyed record came from."""
         settings = self.settings
         records: list[OutRecord] = []
         origins: dict[int, tuple[RawRecord, bytes | None]] = {}
@@ -95,10 +171,7 @@ class NormalizeStage:
             metrics.NORMALIZED.labels(source).inc(normalized[source])
         for (instance, reason), count in filtered.items():
             metrics.FILTERED.labels(instance, reason).inc(count)
-        dead_letter = _dead_letter_once(origins, self.dead_letter_topic)
-        sent = await self.sender.send_all(records, "normalize", dead_letter)
-        lettered = sum(refused.replacement is not None for refused in sent.refused)
-        metrics.DEAD_LETTERED.labels("normalize").inc(lettered)
+        return records, origins
 
     def _repeated(
         self, raw: RawRecord, key: bytes | None, headers: list[tuple[str, bytes | None]]

@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY
 from streams import metrics
 from streams.config import Settings
 from streams.core.emitting import MARKS, SEEN
+from streams.engine.batches import Batch
 from streams.engine.librdkafka.consumer import RdBatchLoop, consumer_config
 from streams.engine.librdkafka.group_config import configure_stage_groups
 from streams.engine.librdkafka.producer import RdRecordSender
@@ -89,7 +90,9 @@ class Pipeline:
                 MARKS: changelog_topic(settings, MARKS_TABLE),
             },
         )
-        self.normalizer = NormalizeStage(settings, self.sender)
+        self.normalizer = NormalizeStage(
+            settings, self.sender, self._commit_normalized, stop_on_failure
+        )
         self.emitter = EmitStage(
             settings,
             self.store,
@@ -105,7 +108,8 @@ class Pipeline:
             self._consumer_config(self.normalize_group, "normalize"),
             [topic.name for topic in stream.raw_topics],
             self.normalizer.handle,
-            commits_offsets=True,
+            commits_offsets=False,  # the stage commits each batch once it is acknowledged
+            drain=self.normalizer.drain,
             max_records=stream.batch_size,
             within_ms=within_ms,
             kafka=settings.kafka,
@@ -143,6 +147,9 @@ class Pipeline:
             group_protocol=stream.group_protocol,
             session_timeout_s=stream.session_timeout_s,
         )
+
+    async def _commit_normalized(self, batch: Batch) -> None:
+        await self.normalize.commit(batch)
 
     def _group_metadata(self) -> object:
         """The emit member's group metadata, for its transactions (exactly-once v2)."""
@@ -230,6 +237,7 @@ class Pipeline:
         """Stop every write still waiting for Kafka: retries end (Stopping), the parts in
         flight and the sweep are cancelled. Their input offsets are not committed."""
         self.progress.stop()
+        self.normalizer.abort()
         self.emitter.abort()
 
     async def watch_stalls(self) -> None:

@@ -519,7 +519,7 @@ class RdBatchLoop:
         assert self._arrived is not None
         arrived = self._arrived
         meter = StageMeter(self.name)
-        commit = self._commit if self.commits_offsets else None
+        commit = self.commit if self.commits_offsets else None
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(arrived.wait(), 0.5)
@@ -541,7 +541,8 @@ class RdBatchLoop:
         if self._failure is not None:
             raise RuntimeError(f"{self.name}: the consumer failed") from self._failure
 
-    async def _commit(self, batch: Batch) -> None:
+    async def commit(self, batch: Batch) -> None:
+        """Commit the offsets just past each partition's last record of `batch`."""
         offsets = [
             RdTopicPartition(tp.topic, tp.partition, records[-1].offset + 1)
             for tp, records in batch.items()
