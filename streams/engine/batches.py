@@ -12,7 +12,8 @@ from aiokafka import TopicPartition
 from streams import metrics
 
 Batch = dict[TopicPartition, list[Any]]
-"""Records (aiokafka ConsumerRecord) per topic partition, in offset order."""
+"""Records (confluent_kafka.Message, as consumed: no wrapper per record) per topic partition,
+in offset order."""
 
 
 class StageMeter:

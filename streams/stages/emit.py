@@ -126,10 +126,10 @@ class EmitStage:
                 KeyedInput(
                     tp.topic,
                     tp.partition,
-                    message.key,
-                    message.value or b"",
-                    headers_dict(message.headers),
-                    message.offset,
+                    message.key(),
+                    message.value() or b"",
+                    headers_dict(message.headers()),
+                    message.offset(),
                 )
                 for message in messages
             ]

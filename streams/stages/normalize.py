@@ -50,7 +50,7 @@ def source_label(source: str | None) -> str:
     return source if source in KNOWN_SOURCES else UNKNOWN_SOURCE
 
 
-MAX_BATCHES_IN_FLIGHT = 4
+MAX_BATCHES_IN_FLIGHT = 2
 """Batches written but not yet acknowledged and committed, while the next is normalized."""
 
 
@@ -141,14 +141,13 @@ class NormalizeStage:
         for tp, messages in batch.items():
             default_source = settings.stream.default_source(tp.topic)
             for message in messages:
-                header_list = message.headers or []
-                raw = RawRecord(tp.topic, message.value or b"", headers_dict(header_list))
+                header_list = message.headers() or []
+                key = message.key()
+                raw = RawRecord(tp.topic, message.value() or b"", headers_dict(header_list))
                 if len(raw.headers) < len(header_list):
-                    routed = self._repeated(raw, message.key, header_list) or route(
-                        raw, message.key, settings
-                    )
+                    routed = self._repeated(raw, key, header_list) or route(raw, key, settings)
                 else:
-                    routed = route(raw, message.key, settings)
+                    routed = route(raw, key, settings)
                 source = source_label(header_text(raw.headers, "source") or default_source)
                 received[source] += 1
                 normalized[source] += routed.events
@@ -159,12 +158,12 @@ class NormalizeStage:
                         "dead-lettered a delivery from %s[%d]@%d: %.500s",
                         tp.topic,
                         tp.partition,
-                        message.offset,
+                        message.offset(),
                         routed.dead_letter_reason,
                     )
                 else:
                     for record in routed.records:
-                        origins[id(record)] = (raw, message.key)
+                        origins[id(record)] = (raw, key)
                 records.extend(routed.records)
         for source, count in received.items():
             metrics.RECEIVED.labels(source).inc(count)

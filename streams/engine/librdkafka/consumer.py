@@ -66,18 +66,6 @@ holder of its instance id (ruled out by construction) would otherwise remove it 
 loop: it then pauses as after any other failure."""
 
 
-class Received:
-    """One consumed record, shaped as the stage handlers read aiokafka's ConsumerRecord."""
-
-    __slots__ = ("headers", "key", "offset", "value")
-
-    def __init__(self, message: Message) -> None:
-        self.key: bytes | None = message.key()
-        self.value: bytes | None = message.value()
-        self.headers: Any = message.headers()  # [(name, bytes)], as headers_dict reads
-        self.offset: int = message.offset() or 0
-
-
 def consumer_config(
     connection: dict[str, Any],
     *,
@@ -438,7 +426,7 @@ class RdBatchLoop:
 
     def skips(self, tp: TopicPartition, first_offset: int) -> bool:
         """Whether a batch's records of `tp` from `first_offset` on must be dropped: fetched
-        before a rewind that has not reached them (always False on the aiokafka engine)."""
+        before a rewind that has not reached them."""
         resume_at = self._rewinding.get(tp)
         if resume_at is None:
             return False
@@ -493,17 +481,16 @@ class RdBatchLoop:
             known = places[place]
             if known is None:
                 continue
-            received = Received(message)
-            if received.offset < known[1]:
+            if (message.offset() or 0) < known[1]:
                 continue  # read again after a rewind that earlier records already reached
-            known[0].append(received)
+            known[0].append(message)
         for tp in [tp for tp, records in batch.items() if not records]:
             del batch[tp]
         for tp, records in list(batch.items()):
-            if self.skips(tp, records[0].offset):
+            if self.skips(tp, records[0].offset() or 0):
                 del batch[tp]
             else:
-                self._next[tp] = records[-1].offset + 1
+                self._next[tp] = (records[-1].offset() or 0) + 1
         return batch
 
     async def start(self) -> None:
@@ -544,7 +531,7 @@ class RdBatchLoop:
     async def commit(self, batch: Batch) -> None:
         """Commit the offsets just past each partition's last record of `batch`."""
         offsets = [
-            RdTopicPartition(tp.topic, tp.partition, records[-1].offset + 1)
+            RdTopicPartition(tp.topic, tp.partition, (records[-1].offset() or 0) + 1)
             for tp, records in batch.items()
             if records
         ]
