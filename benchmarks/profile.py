@@ -32,7 +32,7 @@ PARTS: list[tuple[str, tuple[str, ...]]] = [
     ("transactions (librdkafka)", ("streams/engine/librdkafka/transactions.py",)),
     ("restore (aiokafka fetch, decode)", ("aiokafka/consumer/", "aiokafka/record/")),
     (
-        "consume (librdkafka: hand-over, per-record wrap)",
+        "consume (librdkafka: hand-over to the loop)",
         ("streams/engine/librdkafka/consumer.py",),
     ),
     ("Kafka network (aiokafka conn)", ("aiokafka/conn.py", "aiokafka/client.py")),

@@ -49,7 +49,7 @@ SIZE_CHANGING_PLUGINS = ("encryption", "compression")
 
 @dataclass(frozen=True, slots=True)
 class Filtered:
-    """Why an instance does not keep an event: `source`, `bucket`, `prefix`,
+    """Why an instance does not keep an event: `source`, `instance`, `bucket`, `prefix`,
     `prefix-escape` or `plugin:<name>`."""
 
     reason: str
@@ -109,6 +109,10 @@ def apply_instance(event: FileEvent, instance: InstanceConfig) -> FileEvent | Fi
     """The event as `instance` sees it, or why the instance drops it."""
     if instance.sources is not None and not accepts_source(instance, event.provider):
         return Filtered("source")
+    if event.provider in ALWAYS_ACCEPTED_SOURCES and event.raw is not None:
+        named = event.raw.get("instance")  # routing offers it to that instance only, too
+        if isinstance(named, str) and named != instance.name:
+            return Filtered("instance")
     if instance.bucket is not None and event.bucket is not None and event.bucket != instance.bucket:
         return Filtered("bucket")
     key = under_prefix(event.key, instance.prefix)
