@@ -87,8 +87,9 @@ promtool:
 # `make kafka KAFKA_BROKERS=3`: a local three-broker cluster instead (its own ports and
 # state directory; `make kafka-stop KAFKA_BROKERS=3` stops it).
 # `make kafka KAFKA_SECURITY=sasl_ssl` (TLS + SCRAM-SHA-512 + ACLs) or `ssl` (mutual TLS):
-# a secured listener; `set -a; . <state dir>/client.env` points any command at it.
-# LOCAL_KAFKA_PORT=<port> moves the broker, and `make run` / `make tail` with it.
+# a secured listener; `set -a; . <state dir>/client.env` (the start prints the line) points any
+# command at it. LOCAL_KAFKA_PORT=<port> (in the environment or as a make variable) moves the
+# broker, and `make run` / `make tail` with it.
 kafka:
 	@$(PYTHON) dev/kafka/localkafka.py start$(if $(KAFKA_BROKERS), --brokers $(KAFKA_BROKERS))$(if $(KAFKA_SECURITY), --security $(KAFKA_SECURITY))
 
