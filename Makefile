@@ -110,11 +110,18 @@ test: test-deps kafka-fetch
 test-fast: test-deps kafka-fetch
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# The "Try it" notification as a new change each time (a fresh sequencer; KEY=<key> for
+# another key): the same notification twice is one change, dropped the second time by design.
+.PHONY: send
+send:
+	@$(PYTHON) dev/send.py$(if $(KEY), --key '$(KEY)')
+
 # Without KAFKA_BOOTSTRAP_SERVERS, the local broker's client settings (its port, its security).
+# `exec`: Ctrl-C ends the tail, not make with an `Interrupt` line.
 tail: install
 	@if [ -z "$$KAFKA_BOOTSTRAP_SERVERS" ]; then \
 	  local_kafka="$$($(PYTHON) dev/kafka/localkafka.py env)" || exit 1; set -a; eval "$$local_kafka"; set +a; fi; \
-	$(BIN)/python -m streams tail --instance $(INSTANCE)$(if $(HEADERS), --headers)
+	exec $(BIN)/python -m streams tail --instance $(INSTANCE)$(if $(HEADERS), --headers)$(if $(FROM_END), --from-end)
 
 # The stage groups' members, partition owners and lag, restore, events/s per instance;
 # `make status WATCH=1` refreshes it every 2 s. Kafka as for `make tail`.
@@ -122,7 +129,7 @@ tail: install
 status: install
 	@if [ -z "$$KAFKA_BOOTSTRAP_SERVERS" ]; then \
 	  local_kafka="$$($(PYTHON) dev/kafka/localkafka.py env)" || exit 1; set -a; eval "$$local_kafka"; set +a; fi; \
-	$(BIN)/python -m streams status$(if $(WATCH), --watch)
+	exec $(BIN)/python -m streams status$(if $(WATCH), --watch)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check streams connectors fileevents tests dev benchmarks examples

@@ -37,8 +37,9 @@ FILTER_REASONS = {
     "prefix": "the key is not under the instance's prefix",
     "prefix-escape": "the key's dot segments climb out of the instance's prefix",
 }
-TAIL_HEADER_PREFIXES = ("ce_", "stale.", "error")
-"""Headers `tail --headers` shows: CloudEvents, a stale record's reason, a dead letter's error."""
+TAIL_HEADER_PREFIXES = ("ce_", "content-type", "stale.", "error")
+"""Headers `tail --headers` shows: CloudEvents (with their `content-type`), a stale record's
+reason, a dead letter's error."""
 
 
 class UsageError(Exception):
@@ -173,6 +174,9 @@ async def _tail(
     await consumer.start()
     printed = 0
     try:
+        # What was there before this tail started, so that old and new events can be told
+        # apart: once those are printed, one line on stderr says how many they were.
+        earlier = await _end_offsets(consumer, topic) if from_beginning else {}
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while count is None or printed < count:
@@ -192,9 +196,37 @@ async def _tail(
                     text = shown if isinstance(shown, str) else json_line(shown)
                     print(text, flush=True)
                     printed += 1
+            if earlier and await _reached(consumer, earlier):
+                print(
+                    f"# {printed} earlier event(s) above, from before this tail started; "
+                    "new ones follow (--from-end: only new ones)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                earlier = {}
     finally:
         await consumer.stop()
     return 0 if count is None or printed >= count else 1
+
+
+async def _end_offsets(consumer: Any, topic: str) -> dict[Any, int]:
+    """The topic's end offsets now (committed records only, as the consumer reads them); empty
+    when the topic does not exist yet."""
+    from aiokafka import TopicPartition
+
+    partitions = consumer.partitions_for_topic(topic) or set()
+    if not partitions:
+        return {}
+    ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+    return {partition: int(offset) for partition, offset in ends.items()}
+
+
+async def _reached(consumer: Any, ends: dict[Any, int]) -> bool:
+    """True once the consumer's position is at or past `ends` on every partition."""
+    for partition, end in ends.items():
+        if partition not in consumer.assignment() or await consumer.position(partition) < end:
+            return False
+    return True
 
 
 def command_tail(args: argparse.Namespace) -> int:
