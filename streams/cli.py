@@ -4,7 +4,7 @@
     create-topics  create every topic the stream uses
     tail           print the canonical events of an instance's output topic, one JSON line each
     status         the stage groups' members, owners and lag; restore; events/s per instance
-    topics         list the topics the stream uses with their settings
+    topics         the topics the stream uses: the plan beside Kafka's, and their differences
     schema         the canonical event's JSON Schema (schemas/file-event/)
     asyncapi       an AsyncAPI 3.0 document of every topic (schemas/asyncapi.json)
     replay-dead-letters  republish dead letters to their raw topic after a fix
@@ -113,19 +113,44 @@ def command_normalize(args: argparse.Namespace) -> int:
 
 
 def command_topics(args: argparse.Namespace) -> int:
+    """One JSON line per planned topic, with `live` (as Kafka has it, null when missing) and
+    its `differences`; `--plan`, or a Kafka that cannot be read (one stderr line), the plan
+    alone."""
+    from streams.engine.live_topics import differences, read_live
     from streams.engine.topics import topology
 
-    for spec in topology(load_settings(args.config)):
-        print(
-            json_line(
-                {
-                    "name": spec.name,
-                    "role": spec.role,
-                    "partitions": spec.partitions,
-                    "replication_factor": spec.replication_factor,
-                    "config": spec.config,
-                }
+    settings = load_settings(args.config)
+    specs = topology(settings)
+    live = None
+    if not args.plan:
+        try:
+            live = asyncio.run(asyncio.wait_for(read_live(settings.kafka, specs), 20))
+        except Exception as exc:  # an absent broker: the plan is still worth printing
+            print(
+                f"# the live topics could not be read from {settings.kafka.bootstrap_servers} "
+                f"({type(exc).__name__}: {exc}): the plan only",
+                file=sys.stderr,
             )
+    differing = 0
+    for spec in specs:
+        line: dict[str, Any] = {
+            "name": spec.name,
+            "role": spec.role,
+            "partitions": spec.partitions,
+            "replication_factor": spec.replication_factor,
+            "config": spec.config,
+        }
+        if live is not None:
+            found = live.get(spec.name)
+            line["live"] = None if found is None else found.as_json()
+            line["differences"] = differences(spec, found)
+            differing += bool(line["differences"])
+        print(json_line(line))
+    if live is not None:
+        print(
+            f"# {len(specs)} planned topic(s) on {settings.kafka.bootstrap_servers}: "
+            f"{len(specs) - differing} as planned, {differing} differ (see `differences`)",
+            file=sys.stderr,
         )
     return 0
 
@@ -375,8 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
     normalize_cmd.add_argument("file", nargs="?", default="-", help="the body; - for stdin")
     normalize_cmd.set_defaults(run=command_normalize)
 
-    topics_cmd = commands.add_parser("topics", help="list the topics the stream uses")
+    topics_cmd = commands.add_parser(
+        "topics", help="the topics the stream uses: the plan, beside Kafka's, and how they differ"
+    )
     topics_cmd.add_argument("--config")
+    topics_cmd.add_argument(
+        "--plan", action="store_true", help="the plan only: what the code expects (no Kafka)"
+    )
     topics_cmd.set_defaults(run=command_topics)
 
     create_cmd = commands.add_parser("create-topics", help="create the stream's topics")
