@@ -1,7 +1,11 @@
 # storage-events: `make run` (local default) and `make test` (the whole suite) are the two
 # commands a newcomer needs; everything else here is what they are built of.
 
-PYTHON ?= python3
+# The interpreter the virtualenv is made with: pyproject.toml's requires-python is 3.11 only,
+# so the first of python3.11 and python3 that is 3.11 (PYTHON=/path/to/python3.11 names one).
+PYTHON_VERSION := 3.11
+FITS := import sys; sys.exit(sys.version_info[:2] != tuple(map(int, "$(PYTHON_VERSION)".split("."))))
+PYTHON ?= $(or $(shell for p in python$(PYTHON_VERSION) python3; do $$p -c '$(FITS)' >/dev/null 2>&1 && { command -v $$p; break; }; done),python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -16,10 +20,28 @@ PYTEST_ARGS ?=
 # pyproject.toml changed: a second `make install` does nothing slow.
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+# The virtualenv, made by a Python that fits: one made by another (a python3 that was 3.12) is
+# re-created, never kept; without a fitting one, one line says what to install.
+.PHONY: venv
+venv:
+	@if [ -e $(VENV) ] && ! $(BIN)/python -c '$(FITS)' >/dev/null 2>&1; then \
+	  echo "make: $(VENV) was made by $$($(BIN)/python -V 2>&1 || echo 'a Python that is gone'), not Python $(PYTHON_VERSION): re-creating it"; \
+	  rm -rf $(VENV); fi
+	@test -x $(BIN)/python || { \
+	  $(PYTHON) -c '$(FITS)' >/dev/null 2>&1 || { \
+	    echo "make: storage-events needs Python $(PYTHON_VERSION) (pyproject.toml requires-python), and $(PYTHON) is $$($(PYTHON) -V 2>&1 || echo 'not found'): install python$(PYTHON_VERSION) (Debian packages python$(PYTHON_VERSION) and python$(PYTHON_VERSION)-venv), or name one with PYTHON=/path/to/python$(PYTHON_VERSION)" >&2; exit 1; }; \
+	  $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }; }
+
+# setuptools' editable install warns, in a 10-line block, about folders named like the packages
+# in the working directory: here they are the packages.
+QUIET_EDITABLE := PYTHONWARNINGS=ignore::Warning:setuptools.command.editable_wheel
+
+# A virtualenv of another Python is re-made whatever its stamp says.
+VENV_WRONG := $(shell [ -e $(VENV) ] && ! $(BIN)/python -c '$(FITS)' >/dev/null 2>&1 && echo wrong)
+
+$(STAMP): pyproject.toml $(if $(VENV_WRONG),venv) | venv
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e .
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e . || { rm -f $(STAMP); exit 1; }
 	@touch $(STAMP)
 
 # What only the tests need, one prerequisite per tool; each says what it installs when it
@@ -33,7 +55,7 @@ NPM_TEST_TOOLS = $(shell $(PYTHON) -c 'import json; print(", ".join(json.load(op
 # pyproject.toml's [test] extra: pytest and the libraries, linters and checkers the suite uses.
 $(TEST_STAMP): $(STAMP)
 	@echo "make test: installing the Python test tools of pyproject.toml [test] into $(VENV): $(PY_TEST_TOOLS)"
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[test]'
 	@touch $(TEST_STAMP)
 
 # Emulators and tools the tests start (Azurite, ...), from the npm registry, pinned by
@@ -65,8 +87,9 @@ promtool:
 # `make kafka KAFKA_BROKERS=3`: a local three-broker cluster instead (its own ports and
 # state directory; `make kafka-stop KAFKA_BROKERS=3` stops it).
 # `make kafka KAFKA_SECURITY=sasl_ssl` (TLS + SCRAM-SHA-512 + ACLs) or `ssl` (mutual TLS):
-# a secured listener; `set -a; . <state dir>/client.env` points any command at it.
-# LOCAL_KAFKA_PORT=<port> moves the broker, and `make run` / `make tail` with it.
+# a secured listener; `set -a; . <state dir>/client.env` (the start prints the line) points any
+# command at it. LOCAL_KAFKA_PORT=<port> (in the environment or as a make variable) moves the
+# broker, and `make run` / `make tail` with it.
 kafka:
 	@$(PYTHON) dev/kafka/localkafka.py start$(if $(KAFKA_BROKERS), --brokers $(KAFKA_BROKERS))$(if $(KAFKA_SECURITY), --security $(KAFKA_SECURITY))
 
@@ -87,11 +110,18 @@ test: test-deps kafka-fetch
 test-fast: test-deps kafka-fetch
 	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# The "Try it" notification as a new change each time (a fresh sequencer; KEY=<key> for
+# another key): the same notification twice is one change, dropped the second time by design.
+.PHONY: send
+send:
+	@$(PYTHON) dev/send.py$(if $(KEY), --key '$(KEY)')
+
 # Without KAFKA_BOOTSTRAP_SERVERS, the local broker's client settings (its port, its security).
+# `exec`: Ctrl-C ends the tail, not make with an `Interrupt` line.
 tail: install
 	@if [ -z "$$KAFKA_BOOTSTRAP_SERVERS" ]; then \
 	  local_kafka="$$($(PYTHON) dev/kafka/localkafka.py env)" || exit 1; set -a; eval "$$local_kafka"; set +a; fi; \
-	$(BIN)/python -m streams tail --instance $(INSTANCE)$(if $(HEADERS), --headers)
+	exec $(BIN)/python -m streams tail --instance $(INSTANCE)$(if $(HEADERS), --headers)$(if $(FROM_END), --from-end)
 
 # The stage groups' members, partition owners and lag, restore, events/s per instance;
 # `make status WATCH=1` refreshes it every 2 s. Kafka as for `make tail`.
@@ -99,7 +129,7 @@ tail: install
 status: install
 	@if [ -z "$$KAFKA_BOOTSTRAP_SERVERS" ]; then \
 	  local_kafka="$$($(PYTHON) dev/kafka/localkafka.py env)" || exit 1; set -a; eval "$$local_kafka"; set +a; fi; \
-	$(BIN)/python -m streams status$(if $(WATCH), --watch)
+	exec $(BIN)/python -m streams status$(if $(WATCH), --watch)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check streams connectors fileevents tests dev benchmarks examples

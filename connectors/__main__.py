@@ -11,10 +11,15 @@ import importlib
 import logging
 import sys
 
-from connectors.command import BridgeCommand
-from streams.config import ConfigError, load_settings
-from streams.kafka_settings import KafkaAccessError, KafkaRefusalWording
-from streams.logs import install_kafka_log_filter
+try:
+    from connectors.command import BridgeCommand
+    from streams.config import ConfigError, load_settings
+    from streams.kafka_settings import KafkaAccessError, KafkaRefusalWording
+    from streams.logs import install_kafka_log_filter
+except ModuleNotFoundError as error:  # outside the virtualenv: say what to run
+    from streams.environment import exit_not_installed
+
+    exit_not_installed(error, "python -m connectors")
 
 BRIDGES = {
     "webhook": "connectors.webhook",

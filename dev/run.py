@@ -175,6 +175,10 @@ Send a test S3 notification (key "photos/red+flower.jpg", form-encoded):
 
     curl -X POST --data-binary @examples/s3-put.json http://127.0.0.1:{env["WEBHOOK_PORT"]}/hooks/s3
 
+Sent again, it is the same change: dropped as a duplicate, by design. For a new change each time:
+
+    {"WEBHOOK_PORT=" + env["WEBHOOK_PORT"] + " " if env["WEBHOOK_PORT"] != "8080" else ""}make send
+
 Watch the canonical events of the default instance, in another terminal:
 
     {tail_command(dict(os.environ))}

@@ -13,7 +13,12 @@ See fileevents/README.md for the guarantees and examples/ for runnable programs.
 
 from fileevents.app import FileEvents, default_topic
 from fileevents.context import EventContext
-from fileevents.dedupe import DedupeStore, MemoryDedupeStore, RedisDedupeStore
+from fileevents.dedupe import (
+    DedupeStore,
+    DedupeStoreUnavailable,
+    MemoryDedupeStore,
+    RedisDedupeStore,
+)
 from fileevents.errors import EventDecodeError, Failure, HandlerTimeout, OnError, log_failure
 from fileevents.metrics import FileEventsMetrics
 from fileevents.processing import Outcome
@@ -23,6 +28,7 @@ from streams.kafka_settings import KafkaAccessError, KafkaSettings
 
 __all__ = [
     "DedupeStore",
+    "DedupeStoreUnavailable",
     "EventContext",
     "EventDecodeError",
     "Failure",

@@ -23,7 +23,7 @@ from aiokafka.structs import ConsumerRecord
 
 from fileevents.codec import UnreadableRecord
 from fileevents.deadletter import DeadLetterWriter, describe
-from fileevents.dedupe import DedupeStore
+from fileevents.dedupe import DedupeStore, check_store, store_name
 from fileevents.errors import OnError, log_failure
 from fileevents.metrics import FileEventsMetrics, serve
 from fileevents.partition import PartitionWorker
@@ -243,6 +243,13 @@ class FileEvents:
             await exposition.cleanup()
 
     async def _run_clients(self) -> None:
+        if self.dedupe is not None:  # first: a store that does not answer stops run() at once
+            await check_store(self.dedupe)
+            logger.info(
+                "dedupe store %s answers; handled ids kept %s",
+                store_name(self.dedupe),
+                self.dedupe_ttl,
+            )
         connection = self.kafka.aiokafka_args()
         producer = AIOKafkaProducer(
             **{**connection, **self.producer_config},

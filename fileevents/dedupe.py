@@ -8,6 +8,7 @@ other's events. See fileevents/README.md for the has-then-add race and its alter
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -28,6 +29,46 @@ class DedupeStore(Protocol):
     async def add(self, event_id: str, ttl: timedelta) -> None:
         """Remember `event_id` for `ttl`; adding an id already present changes nothing."""
         ...
+
+
+class DedupeStoreUnavailable(ConnectionError):
+    """The dedupe store did not answer when `FileEvents.run()` started: it stops before
+    consuming anything (one line saying which store and why), instead of retrying the
+    first event's lookup for ever."""
+
+
+START_UP_CHECK_S = 10.0
+"""How long the start-up check waits for the store's answer."""
+
+
+def store_name(store: DedupeStore) -> str:
+    """The store as a log line names it: its class, and for Redis where it connects."""
+    name = type(store).__name__
+    client = getattr(store, "_redis", None)
+    pool = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None) or {}
+    if "host" in kwargs:
+        return f"{name} at {kwargs['host']}:{kwargs.get('port', 6379)}"
+    if "path" in kwargs:
+        return f"{name} at {kwargs['path']}"
+    return name
+
+
+async def check_store(store: DedupeStore, timeout_s: float = START_UP_CHECK_S) -> None:
+    """One lookup, as the first event would make it; `DedupeStoreUnavailable` when it fails
+    or takes longer than `timeout_s`."""
+    try:
+        await asyncio.wait_for(store.has("fileevents:start-up-check"), timeout_s)
+    except Exception as exc:
+        reason = (
+            f"no answer within {timeout_s:g} s"
+            if isinstance(exc, TimeoutError)
+            else (f"{type(exc).__name__}: {exc}")
+        )
+        raise DedupeStoreUnavailable(
+            f"the dedupe store ({store_name(store)}) does not answer: {reason}; start it, or "
+            "run without one (FileEvents(dedupe=None)) or with MemoryDedupeStore() locally"
+        ) from None
 
 
 def ttl_ms(ttl: timedelta) -> int:

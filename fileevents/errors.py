@@ -54,9 +54,11 @@ OnError = Callable[[Failure], Awaitable[None] | None]
 
 
 def log_failure(failure: Failure) -> None:
-    """The default `on_error`: one log record naming the event id and the handler."""
+    """The default `on_error`: one log record naming the event id and the handler; the
+    traceback with the first attempt only, so that each retry is one line."""
     context = failure.context
     outcome = "dead-lettering it" if failure.final else "will retry"
+    traceback = failure.error if failure.attempt == 1 else None
     logger.error(
         "event %s (%s[%d]@%d, key %r) failed in %s, attempt %d: %s: %s; %s",
         failure.event_id,
@@ -69,5 +71,5 @@ def log_failure(failure: Failure) -> None:
         type(failure.error).__name__,
         failure.error,
         outcome,
-        exc_info=failure.error,
+        exc_info=traceback,
     )

@@ -2,6 +2,11 @@
 
 import sys
 
-from streams.cli import main
+try:
+    from streams.cli import main
+except ModuleNotFoundError as error:  # outside the virtualenv: say what to run
+    from streams.environment import exit_not_installed
+
+    exit_not_installed(error, "python -m streams")
 
 sys.exit(main())

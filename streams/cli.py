@@ -4,7 +4,7 @@
     create-topics  create every topic the stream uses
     tail           print the canonical events of an instance's output topic, one JSON line each
     status         the stage groups' members, owners and lag; restore; events/s per instance
-    topics         list the topics the stream uses with their settings
+    topics         the topics the stream uses: the plan beside Kafka's, and their differences
     schema         the canonical event's JSON Schema (schemas/file-event/)
     asyncapi       an AsyncAPI 3.0 document of every topic (schemas/asyncapi.json)
     replay-dead-letters  republish dead letters to their raw topic after a fix
@@ -38,8 +38,9 @@ FILTER_REASONS = {
     "prefix": "the key is not under the instance's prefix",
     "prefix-escape": "the key's dot segments climb out of the instance's prefix",
 }
-TAIL_HEADER_PREFIXES = ("ce_", "stale.", "error")
-"""Headers `tail --headers` shows: CloudEvents, a stale record's reason, a dead letter's error."""
+TAIL_HEADER_PREFIXES = ("ce_", "content-type", "stale.", "error")
+"""Headers `tail --headers` shows: CloudEvents (with their `content-type`), a stale record's
+reason, a dead letter's error."""
 
 
 class UsageError(Exception):
@@ -113,19 +114,44 @@ def command_normalize(args: argparse.Namespace) -> int:
 
 
 def command_topics(args: argparse.Namespace) -> int:
+    """One JSON line per planned topic, with `live` (as Kafka has it, null when missing) and
+    its `differences`; `--plan`, or a Kafka that cannot be read (one stderr line), the plan
+    alone."""
+    from streams.engine.live_topics import differences, read_live
     from streams.engine.topics import topology
 
-    for spec in topology(load_settings(args.config)):
-        print(
-            json_line(
-                {
-                    "name": spec.name,
-                    "role": spec.role,
-                    "partitions": spec.partitions,
-                    "replication_factor": spec.replication_factor,
-                    "config": spec.config,
-                }
+    settings = load_settings(args.config)
+    specs = topology(settings)
+    live = None
+    if not args.plan:
+        try:
+            live = asyncio.run(asyncio.wait_for(read_live(settings.kafka, specs), 20))
+        except Exception as exc:  # an absent broker: the plan is still worth printing
+            print(
+                f"# the live topics could not be read from {settings.kafka.bootstrap_servers} "
+                f"({type(exc).__name__}: {exc}): the plan only",
+                file=sys.stderr,
             )
+    differing = 0
+    for spec in specs:
+        line: dict[str, Any] = {
+            "name": spec.name,
+            "role": spec.role,
+            "partitions": spec.partitions,
+            "replication_factor": spec.replication_factor,
+            "config": spec.config,
+        }
+        if live is not None:
+            found = live.get(spec.name)
+            line["live"] = None if found is None else found.as_json()
+            line["differences"] = differences(spec, found)
+            differing += bool(line["differences"])
+        print(json_line(line))
+    if live is not None:
+        print(
+            f"# {len(specs)} planned topic(s) on {settings.kafka.bootstrap_servers}: "
+            f"{len(specs) - differing} as planned, {differing} differ (see `differences`)",
+            file=sys.stderr,
         )
     return 0
 
@@ -174,6 +200,9 @@ async def _tail(
     await consumer.start()
     printed = 0
     try:
+        # What was there before this tail started, so that old and new events can be told
+        # apart: once those are printed, one line on stderr says how many they were.
+        earlier = await _end_offsets(consumer, topic) if from_beginning else {}
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while count is None or printed < count:
@@ -193,9 +222,37 @@ async def _tail(
                     text = shown if isinstance(shown, str) else json_line(shown)
                     print(text, flush=True)
                     printed += 1
+            if earlier and await _reached(consumer, earlier):
+                print(
+                    f"# {printed} earlier event(s) above, from before this tail started; "
+                    "new ones follow (--from-end: only new ones)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                earlier = {}
     finally:
         await consumer.stop()
     return 0 if count is None or printed >= count else 1
+
+
+async def _end_offsets(consumer: Any, topic: str) -> dict[Any, int]:
+    """The topic's end offsets now (committed records only, as the consumer reads them); empty
+    when the topic does not exist yet."""
+    from aiokafka import TopicPartition
+
+    partitions = consumer.partitions_for_topic(topic) or set()
+    if not partitions:
+        return {}
+    ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
+    return {partition: int(offset) for partition, offset in ends.items()}
+
+
+async def _reached(consumer: Any, ends: dict[Any, int]) -> bool:
+    """True once the consumer's position is at or past `ends` on every partition."""
+    for partition, end in ends.items():
+        if partition not in consumer.assignment() or await consumer.position(partition) < end:
+            return False
+    return True
 
 
 def command_tail(args: argparse.Namespace) -> int:
@@ -344,8 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     normalize_cmd.add_argument("file", nargs="?", default="-", help="the body; - for stdin")
     normalize_cmd.set_defaults(run=command_normalize)
 
-    topics_cmd = commands.add_parser("topics", help="list the topics the stream uses")
+    topics_cmd = commands.add_parser(
+        "topics", help="the topics the stream uses: the plan, beside Kafka's, and how they differ"
+    )
     topics_cmd.add_argument("--config")
+    topics_cmd.add_argument(
+        "--plan", action="store_true", help="the plan only: what the code expects (no Kafka)"
+    )
     topics_cmd.set_defaults(run=command_topics)
 
     create_cmd = commands.add_parser("create-topics", help="create the stream's topics")

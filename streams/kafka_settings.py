@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import ssl
@@ -639,17 +640,61 @@ async def check_access(kafka: KafkaSettings, timeout_s: float = 10.0) -> tuple[s
                 host, port, request_timeout_ms=int(timeout_s * 1000), **kafka.connection_args()
             )
         except Exception as exc:  # any failure is explained or skipped
-            problem = problem or explain(exc, kafka, where)
+            problem = problem or await _explain_closed(
+                explain(exc, kafka, where), kafka, host, port
+            )
             continue
         try:
             await conn.send(MetadataRequest[0]([]))
         except Exception as exc:
-            problem = problem or explain(exc, kafka, where)
+            problem = problem or await _explain_closed(
+                explain(exc, kafka, where), kafka, host, port
+            )
             continue
         finally:
             conn.close()
         return None
     return problem
+
+
+async def _explain_closed(
+    problem: tuple[str, bool] | None, kafka: KafkaSettings, host: str, port: int
+) -> tuple[str, bool] | None:
+    """`problem`, made certain when it is the guess of a closed connection and a client
+    without TLS meets a listener that completes a TLS handshake (a SASL_SSL or SSL one)."""
+    if problem is None or problem[1] or kafka.security_protocol not in PLAIN_PROTOCOLS:
+        return problem
+    if not await speaks_tls(host, port):
+        return problem
+    return (
+        f"{setting('security_protocol')} is {kafka.security_protocol}, but the listener at "
+        f"{host}:{port} speaks TLS: set it to SASL_SSL (with {setting('sasl_mechanism')} and "
+        f"its credentials) or SSL (with {setting('ssl_cert_location')} for mutual TLS); a "
+        "local broker's client.env has its settings (`make kafka` names it)",
+        True,
+    )
+
+
+PLAIN_PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT")
+"""The security protocols that speak no TLS."""
+
+
+async def speaks_tls(host: str, port: int, timeout_s: float = 5.0) -> bool:
+    """True when `host:port` completes a TLS handshake (its certificate is not checked: this
+    only tells which protocol the listener speaks)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, ssl=context), timeout_s
+        )
+    except (OSError, ssl.SSLError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(Exception):
+        await writer.wait_closed()
+    return True
 
 
 async def require_access(kafka: KafkaSettings, timeout_s: float = 10.0) -> None:

@@ -20,6 +20,7 @@ Faust's for the worker, `logging.basicConfig` for the bridges).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -105,3 +106,36 @@ def install_kafka_log_filter(
         logger.addFilter(installed)
     assert installed is not None
     return installed
+
+
+ESCAPE_CODE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+"""ANSI escape sequences (colours, cursor moves) that Faust's coloured formatter writes."""
+
+
+class PlainFormatter(logging.Formatter):
+    """Another formatter's lines without terminal escape codes: a log file or a pipe gets
+    text, not `\\x1b[33m`."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        return ESCAPE_CODE.sub("", self.inner.format(record))
+
+
+def plain_unless_terminal(logger: logging.Logger | None = None) -> int:
+    """Make every stream handler of `logger` (default: the root logger) that does not write to
+    a terminal write without escape codes; how many it changed. Call it once logging is set
+    up (the worker: after Faust configured its handlers)."""
+    changed = 0
+    for handler in (logger or logging.getLogger()).handlers:
+        if not isinstance(handler, logging.StreamHandler):
+            continue
+        stream = getattr(handler, "stream", None)
+        isatty = getattr(stream, "isatty", None)
+        if (isatty is not None and isatty()) or isinstance(handler.formatter, PlainFormatter):
+            continue
+        handler.setFormatter(PlainFormatter(handler.formatter or logging.Formatter()))
+        changed += 1
+    return changed

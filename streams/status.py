@@ -380,7 +380,12 @@ def _tag(member_id: str | None) -> str:
         return "(none)"
     if len(member_id) > 37 and member_id[-37] == "-":
         return member_id[-36:-28]
-    return member_id
+    return member_id[:8]  # KIP-848: a random 22-character id; its first 8 tell members apart
+
+
+def _host(host: str) -> str:
+    """Where a member connects from, as Kafka reports it (`/10.0.0.7`), without the slash."""
+    return host.strip().lstrip("/").rstrip(":") or "?"
 
 
 def _name(member: Member) -> str:
@@ -421,7 +426,8 @@ def render(snap: Snapshot) -> str:
         for member in group.members:
             owned = " ".join(member.partitions) or "nothing"
             lines.append(
-                f"  member {_tag(member.member_id)} {_name(member)} {member.host}: {owned}"
+                f"  member {_tag(member.member_id)} {_name(member)} on {_host(member.host)} "
+                f"owns {owned}"
             )
         lines.append(f"  {'partition':<40} {'owner':<10} {'committed':>12} {'end':>12} {'lag':>10}")
         for row in group.partitions:

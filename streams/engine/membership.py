@@ -275,5 +275,12 @@ def describe_group(admin: AdminClient, group_id: str, timeout_s: float = 5.0) ->
 
 
 def admin_client(kafka: KafkaSettings | str) -> AdminClient:
-    """A confluent-kafka admin client for `describe_group`."""
-    return AdminClient(KafkaSettings.of(kafka).librdkafka_config())
+    """A confluent-kafka admin client for `describe_group`; its lines go through logging
+    (librdkafka would write raw `%6|...|BGQUEUE|...` lines to stderr)."""
+    from streams.engine.librdkafka import librdkafka_log
+
+    config: dict[str, Any] = {
+        **KafkaSettings.of(kafka).librdkafka_config(),
+        "logger": librdkafka_log(),
+    }
+    return AdminClient(config)

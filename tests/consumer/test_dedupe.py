@@ -173,13 +173,18 @@ def test_memory_store_expires_and_stays_bounded() -> None:
 
 
 class FlakyStore(MemoryDedupeStore):
-    """A store that is unreachable for its first `outage` calls."""
+    """A store that answers `run()`'s start-up check, then is unreachable for the next
+    `outage` calls: an outage while the consumer runs."""
 
     def __init__(self, outage: int) -> None:
         super().__init__()
         self.outage = outage
+        self.checked = False
 
     async def has(self, event_id: str) -> bool:
+        if not self.checked:
+            self.checked = True
+            return await super().has(event_id)
         if self.outage:
             self.outage -= 1
             raise ConnectionError("dedupe store unreachable")

@@ -146,4 +146,11 @@ def test_the_default_on_error_logs_the_event_id_and_the_handler(
     message = logged.getMessage()
     assert item.id in message and "app.handlers.index" in message
     assert "dead-lettering" in message and "ValueError: bad" in message
-    assert logged.exc_info is not None and logged.exc_info[1] is failure.error
+    assert logged.exc_info is None  # a retry is one line: the first attempt had the traceback
+    first = Failure(item, context, "app.handlers.index", ValueError("bad"), 1, final=False)
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="fileevents"):
+        log_failure(first)
+    [logged] = caplog.records
+    assert "will retry" in logged.getMessage()
+    assert logged.exc_info is not None and logged.exc_info[1] is first.error

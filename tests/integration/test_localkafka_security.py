@@ -91,6 +91,9 @@ def test_client_env_names_every_setting_of_a_sasl_ssl_client(
         "KAFKA_SASL_USERNAME": "admin",
         "KAFKA_SASL_PASSWORD": secured_kafka.admin_password,
         "KAFKA_SSL_CA_LOCATION": str(secured_kafka.ca_file),
+        # where the broker is, so that localkafka.py (admin, stop) follows a sourced file
+        "LOCAL_KAFKA_PORT": secured_kafka.bootstrap.rpartition(":")[2],
+        "LOCAL_KAFKA_DIR": str(secured_kafka.directory),
     }
     assert len(secured_kafka.admin_password) >= 32
     assert (secured_kafka.client_env_file.stat().st_mode & 0o077) == 0  # it holds a password

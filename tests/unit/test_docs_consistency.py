@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMAND_DOCS = [ROOT / "README.md", ROOT / "k8s" / "README.md"]
+REFERENCE_DOCS = sorted((ROOT / "docs").glob("*.md"))
+"""The reference material the README links to (settings, security model, commands, ...)."""
+COMMAND_DOCS = [ROOT / "README.md", ROOT / "k8s" / "README.md", *REFERENCE_DOCS]
 """Where commands and environment variables are documented for users."""
 METRIC_DOCS = [*COMMAND_DOCS, ROOT / "fileevents" / "README.md"]
 PRODUCT_PACKAGES = ("streams", "connectors", "fileevents")
@@ -154,7 +156,7 @@ def test_every_environment_variable_the_code_reads_is_documented() -> None:
         for name, files in env_vars_in_code(*PRODUCT_PACKAGES, "dev").items()
         if name not in readme_names
     }
-    assert not undocumented, f"read by the code, not in README/k8s README: {undocumented}"
+    assert not undocumented, f"read by the code, not in README/k8s README/docs: {undocumented}"
 
 
 def make_variables() -> set[str]:
@@ -248,6 +250,7 @@ def test_every_documented_metric_is_registered() -> None:
     "path",
     [
         ROOT / "README.md",
+        *REFERENCE_DOCS,
         ROOT / "streams" / "core" / "event.py",
         *sorted((ROOT / "streams").rglob("*.py")),
     ],
@@ -274,3 +277,30 @@ def test_every_provider_section_the_code_cites_is_in_docs() -> None:
     assert cited_sections, "no citation found: the pattern is wrong"
     assert cited_sections <= sections, sorted(cited_sections - sections)
     assert cited_decisions <= decisions, sorted(cited_decisions - decisions)
+
+
+# The README and the reference material it links to (issue 24, item 9)
+
+
+def test_every_document_the_readme_links_to_exists() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = set(re.findall(r"\]\(((?!https?:)[^)#]+)\)", readme))
+    assert {f"docs/{path.name}" for path in REFERENCE_DOCS} <= links, "a docs/ file not linked"
+    missing = sorted(link for link in links if not (ROOT / link).exists())
+    assert not missing, f"the README links to files that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("path", REFERENCE_DOCS, ids=lambda path: path.name)
+def test_every_relative_link_of_a_reference_document_resolves(path: Path) -> None:
+    links = re.findall(r"\]\(((?!https?:)[^)#]+)\)", path.read_text(encoding="utf-8"))
+    missing = sorted(link for link in links if not (path.parent / link).exists())
+    assert not missing, f"{path.name} links to files that do not exist: {missing}"
+
+
+def test_the_readme_keeps_to_the_newcomers_path() -> None:
+    """Reference material lives in docs/: the README stays short enough to read first."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    sections = re.findall(r"^## (.+)$", readme, re.M)
+    for reference in ("Security model", "Configuration", "Bridges", "Commands"):
+        assert reference not in sections, f"{reference!r} belongs in docs/"
+    assert len(readme.splitlines()) < 400

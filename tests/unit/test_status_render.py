@@ -77,7 +77,7 @@ def snapshot() -> Snapshot:
 def test_the_screen_shows_groups_owners_lag_restore_and_instances() -> None:
     screen = render(snapshot())
     assert "group app-emit  Stable  1 member  lag 3" in screen
-    assert "member 0fc6949e app-emit /10.0.0.7: by-key[0] by-key[1]" in screen
+    assert "member 0fc6949e app-emit on 10.0.0.7 owns by-key[0] by-key[1]" in screen
     (row0,) = [line for line in screen.splitlines() if line.strip().startswith("by-key[0]")]
     assert row0.split() == ["by-key[0]", "0fc6949e", "5", "8", "3"]
     (row1,) = [line for line in screen.splitlines() if line.strip().startswith("by-key[1]")]
@@ -120,4 +120,5 @@ def test_a_kip_848_member_is_shown_by_its_client_or_instance_id() -> None:
         (PartitionLag("by-key", 0, kip848, 5, 5, 0),),
     )
     screen = render(Snapshot("kafka:9092", 1_800_000_100.0, (group,), {}, (), ()))
-    assert f"member {kip848} worker-0-emit /10.0.0.7: by-key[0]" in screen
+    # Its tag is the id's first 8 characters, as a classic member's is 8 hex digits.
+    assert "member Wg9e+fpf worker-0-emit on 10.0.0.7 owns by-key[0]" in screen

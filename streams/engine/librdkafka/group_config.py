@@ -40,6 +40,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 
+from streams.engine.librdkafka import librdkafka_log
 from streams.engine.protocol import FEATURES, FINALIZED_FEATURES_TAG, ApiVersionsV3
 from streams.kafka_settings import KafkaSettings
 
@@ -88,7 +89,9 @@ def _set(admin: AdminClient, group: str, name: str, value: str) -> str | None:
 def configure(kafka: KafkaSettings, groups: Iterable[str], session_timeout_s: float) -> list[str]:
     """Set `groups`' session timeout and heartbeat (blocking: run it off the event loop);
     the refusals, each as a log line says it."""
-    admin = AdminClient(kafka.librdkafka_config())
+    # Its lines through logging, never librdkafka's raw `%6|...` lines on stderr.
+    config: dict[str, Any] = {**kafka.librdkafka_config(), "logger": librdkafka_log()}
+    admin = AdminClient(config)
     refusals: list[str] = []
     for group in groups:
         for name, value in wanted(session_timeout_s).items():
