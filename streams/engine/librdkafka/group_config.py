@@ -32,6 +32,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from io import BytesIO
+from typing import Any
 
 from aiokafka.client import AIOKafkaClient
 from aiokafka.protocol.admin import ApiVersionRequest
