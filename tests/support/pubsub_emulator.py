@@ -8,8 +8,9 @@
 3. `pubsub-fake` (dev/pubsub-fake: `pstest`, the fake of Google's Go Pub/Sub client, which
    `make test-deps` builds into .venv/bin), or the binary `PUBSUB_FAKE_BIN` names.
 
-Without any of them the tests that use it are skipped, except when `PUBSUB_FAKE_BIN` is set
-(`make test` sets it): then a missing binary fails them, so CI never skips them quietly.
+`PUBSUB_SERVER=fake` (or `emulator`) picks one of the last two. Without any of them the tests
+that use it are skipped, except when `PUBSUB_FAKE_BIN` is set (`make test` sets it): then a
+missing binary fails them, so CI never skips them quietly.
 Tests import the fixture: `from support.pubsub_emulator import emulator`.
 """
 
@@ -90,7 +91,12 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield os.environ["PUBSUB_EMULATOR_HOST"]
         return
     answers: Callable[[str], bool]
-    script = emulator_script()
+    chosen = os.environ.get("PUBSUB_SERVER", "")
+    if chosen not in ("", "fake", "emulator"):
+        pytest.fail(f"PUBSUB_SERVER={chosen!r}: expected 'fake' or 'emulator'")
+    script = emulator_script() if chosen != "fake" else None
+    if chosen == "emulator" and script is None:
+        pytest.fail("PUBSUB_SERVER=emulator, and no cloud-pubsub-emulator on this machine")
     if script is not None:
         what, command, answers = "the Pub/Sub emulator", [str(script)], _emulator_answers
     elif (fake := fake_binary()) is not None:
