@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml $(if $(VENV_WRONG),venv) | venv
 
 # What only the tests need, one prerequisite per tool; each says what it installs when it
 # does (`make test: installing ...`), and nothing when it is there already.
-test-deps: $(TEST_STAMP) node_modules/.installed redis-server promtool
+test-deps: $(TEST_STAMP) node_modules/.installed redis-server promtool pubsub-fake
 
 # Names only, for the lines that say what is installed (read from the files that pin them).
 PY_TEST_TOOLS = $(shell $(PYTHON) -c 'import re, tomllib; print(", ".join(re.split(r"[^A-Za-z0-9._-]", r)[0] for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
@@ -84,6 +84,19 @@ promtool:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; \
 	  else echo "promtool/prometheus are missing: run 'sudo apt-get install --no-install-recommends prometheus', then make again" >&2; exit 1; fi; }
 
+# Google's Pub/Sub fake (pstest, of the Go Pub/Sub client) for the Pub/Sub bridge's tests
+# (tests/support/pubsub_emulator.py), built from dev/pubsub-fake with the modules its go.sum
+# pins (Go module proxy); rebuilt only when its sources change.
+PUBSUB_FAKE := $(BIN)/pubsub-fake
+PUBSUB_FAKE_SOURCES := dev/pubsub-fake/main.go dev/pubsub-fake/go.mod dev/pubsub-fake/go.sum
+.PHONY: pubsub-fake
+pubsub-fake: $(PUBSUB_FAKE)
+
+$(PUBSUB_FAKE): $(PUBSUB_FAKE_SOURCES) | $(STAMP)
+	@command -v go >/dev/null || { echo "go is missing: install Go (1.26 or later), then make again" >&2; exit 1; }
+	@echo "make test: building the Pub/Sub fake (Go: cloud.google.com/go/pubsub/v2/pstest) into $(PUBSUB_FAKE)"
+	cd dev/pubsub-fake && GOFLAGS=-mod=mod go build -trimpath -o $(abspath $(PUBSUB_FAKE)) .
+
 # `make kafka KAFKA_BROKERS=3`: a local three-broker cluster instead (its own ports and
 # state directory; `make kafka-stop KAFKA_BROKERS=3` stops it).
 # `make kafka KAFKA_SECURITY=sasl_ssl` (TLS + SCRAM-SHA-512 + ACLs) or `ssl` (mutual TLS):
@@ -104,11 +117,11 @@ run: install
 
 # The whole suite, slow tests included (CI runs exactly this).
 test: test-deps kafka-fetch
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	PUBSUB_FAKE_BIN=$(abspath $(PUBSUB_FAKE)) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Everything but the slow chaos and load tests.
 test-fast: test-deps kafka-fetch
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	PUBSUB_FAKE_BIN=$(abspath $(PUBSUB_FAKE)) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # The "Try it" notification as a new change each time (a fresh sequencer; KEY=<key> for
 # another key): the same notification twice is one change, dropped the second time by design.

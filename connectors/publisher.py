@@ -52,7 +52,8 @@ class PublishFailed(Exception):
 
 
 class RecordTooLarge(PublishFailed):
-    """The record is over RAW_RECORD_MAX_BYTES: no retry can ever write it."""
+    """The record is over what its topic takes (RAW_RECORD_MAX_BYTES for a raw topic): no retry
+    can ever write it."""
 
 
 def headers_size(headers: list[tuple[str, bytes]]) -> int:
@@ -111,7 +112,9 @@ class KeylessSticky:
         return choices[self._turn % len(choices)]
 
 
-def producer_settings(kafka: KafkaSettings | str, timeout_s: float) -> dict[str, Any]:
+def producer_settings(
+    kafka: KafkaSettings | str, timeout_s: float, max_request_size: int = RAW_MAX_MESSAGE_BYTES
+) -> dict[str, Any]:
     """The bridges' producer: idempotent, acks=all, records as large as the raw topic allows,
     a request timeout as long as a delivery may wait (benchmarks.webhook builds its bare
     handler's producer from this too); connected as `kafka` says (TLS, SASL)."""
@@ -119,7 +122,7 @@ def producer_settings(kafka: KafkaSettings | str, timeout_s: float) -> dict[str,
         **KafkaSettings.of(kafka).aiokafka_args(),
         "client_id": "storage-events-bridge",
         "acks": "all",
-        "max_request_size": RAW_MAX_MESSAGE_BYTES,
+        "max_request_size": max_request_size,
         "enable_idempotence": True,
         "linger_ms": 2,
         "partitioner": KeylessSticky(),
@@ -133,11 +136,21 @@ def _retrieve_exception(future: asyncio.Future[object]) -> None:
 
 
 class RawPublisher:
-    """An idempotent producer (acks=all) whose `publish` returns only once Kafka has the record."""
+    """An idempotent producer (acks=all) whose `publish` returns only once Kafka has the record.
 
-    def __init__(self, kafka: KafkaSettings | str, topic: str, timeout_s: float) -> None:
+    `max_record_bytes` (value, key and headers) is what `topic` takes less Kafka's framing:
+    RAW_RECORD_MAX_BYTES for a raw topic; a pull bridge's dead-letter publisher takes more."""
+
+    def __init__(
+        self,
+        kafka: KafkaSettings | str,
+        topic: str,
+        timeout_s: float,
+        max_record_bytes: int = RAW_RECORD_MAX_BYTES,
+    ) -> None:
         self.topic = topic
         self.timeout_s = timeout_s
+        self.max_record_bytes = max_record_bytes
         self.kafka = KafkaSettings.of(kafka)
         self.bootstrap_servers = self.kafka.bootstrap_servers
         self._producer: AIOKafkaProducer | None = None
@@ -182,7 +195,13 @@ class RawPublisher:
         delay = 0.5
         while True:
             # aiokafka binds a producer to the running loop: make it here, not in __init__.
-            self._producer = AIOKafkaProducer(**producer_settings(self.kafka, self.timeout_s))
+            self._producer = AIOKafkaProducer(
+                **producer_settings(
+                    self.kafka,
+                    self.timeout_s,
+                    max(RAW_MAX_MESSAGE_BYTES, self.max_record_bytes + RAW_RECORD_FRAMING_BYTES),
+                )
+            )
             try:
                 await self._producer.start()
             except KafkaError as exc:
@@ -214,10 +233,10 @@ class RawPublisher:
     ) -> None:
         """Write one record; raise PublishFailed unless Kafka acknowledged it in time."""
         size = len(value) + headers_size(headers) + len(key or b"")
-        if size > RAW_RECORD_MAX_BYTES:
+        if size > self.max_record_bytes:
             raise RecordTooLarge(
-                f"a record of {size} bytes (value, key and headers) is over the raw topic's "
-                f"{RAW_RECORD_MAX_BYTES}"
+                f"a record of {size} bytes (value, key and headers) is over the "
+                f"{self.max_record_bytes} that topic {self.topic} takes"
             )
         if self._producer is None:
             raise PublishFailed("the publisher is not started")

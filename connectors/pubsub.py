@@ -10,9 +10,13 @@ there).
 The loop is the pull bridges' own (`connectors.pull.PullBridge`, shared with SQS and the
 Azure Storage Queue), over Pub/Sub's unary Pull call: pull up to `--batch` messages (a
 pull waits up to `--wait-time` for messages), publish each, then acknowledge exactly the
-messages Kafka acknowledged, in one Acknowledge call. A message whose publish failed is not
-acknowledged: Pub/Sub delivers it again once the subscription's ack deadline passes (keep
-it above `--publish-timeout`; the bridge warns otherwise). At most `--max-messages` are
+messages Kafka acknowledged, in one Acknowledge call. While a batch is publishing, its ack
+deadlines are extended (ModifyAckDeadline by the subscription's ack deadline, every half of
+it), so a slow or retrying write is not delivered twice. A message whose publish failed is
+not acknowledged: Pub/Sub delivers it again once the subscription's ack deadline passes. A
+message too large for the raw topic (Pub/Sub takes up to 10 MB, the raw topic 4 MiB) is
+written whole to the dead-letter topic (`[stream] dead_letter_topic`, with `error` saying
+why) and acknowledged once Kafka holds it. At most `--max-messages` are
 between "pulled" and "acknowledged or left". Errors back off (0.5 s doubling to 30 s), and
 so does the loop while Kafka refuses writes. A missing subscription, refused credentials or a
 denied permission end the bridge with one line on stderr and exit status 2
@@ -28,8 +32,9 @@ published and acknowledged (or left for redelivery); the bridge exits 0. Metrics
 `--metrics-port` serves the pull bridges' family
 `bridge_pull_*{bridge="pubsub",queue=SUBSCRIPTION}` (`connectors.pull`).
 
-Tests: `tests/bridges/test_pubsub.py` runs this command against Google's emulator (the
-Google Cloud CLI's `cloud-pubsub-emulator`) where it is installed.
+Tests: `tests/bridges/test_pubsub.py` runs this command against the Google Cloud CLI's
+`cloud-pubsub-emulator` where it is installed, else against Google's Go fake `pstest`
+(`dev/pubsub-fake`, built by `make test-deps`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import re
 import sys
 import time
@@ -54,7 +60,8 @@ from connectors.pull import (
     QueueError,
     serve,
 )
-from streams.config import ConfigError, Settings, check_topic_name
+from streams.config import RAW_RECORD_FRAMING_BYTES, ConfigError, Settings, check_topic_name
+from streams.engine.topics import DEAD_LETTER_MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +73,13 @@ MAX_BATCH = 1000  # the service's limit for one Pull
 CALL_TIMEOUT_S = 30.0
 MIN_EMPTY_PULL_S = 1.0
 """An empty pull answers no sooner than this."""
+DEFAULT_ACK_DEADLINE_S = 10
+"""A subscription's ack deadline when it does not say (the service's default and minimum)."""
+MAX_ACK_DEADLINE_S = 600
+GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+"""The library's own channel options for the service (messages up to Pub/Sub's 10 MB); its
+emulator channel has none, so gRPC's 4 MiB receive limit would fail every pull of a large
+message there."""
 
 
 class StartupError(Exception):
@@ -120,6 +134,8 @@ class PubSubQueue:
         self.max_batch = batch
         self.wait_time_s = wait_time_s
         self.publish_timeout_s = publish_timeout_s
+        self.lease_s: float = DEFAULT_ACK_DEADLINE_S
+        """The subscription's ack deadline (read by `check`): what each extension grants."""
 
     async def _call(self, method: Any, **kwargs: Any) -> Any:
         try:
@@ -143,15 +159,9 @@ class PubSubQueue:
             return
         except Exception as exc:
             raise classify(exc, self.name) from exc
-        deadline = getattr(found, "ack_deadline_seconds", 0)
-        if deadline and self.publish_timeout_s and deadline <= self.publish_timeout_s:
-            log.warning(
-                "subscription %s has an ack deadline of %d s, not above the publish timeout "
-                "of %.0f s: a slow write may be delivered twice (the stream drops the copy)",
-                self.name,
-                deadline,
-                self.publish_timeout_s,
-            )
+        deadline = int(getattr(found, "ack_deadline_seconds", 0) or 0)
+        if deadline > 0:
+            self.lease_s = min(deadline, MAX_ACK_DEADLINE_S)
 
     async def receive(self, max_messages: int) -> list[Pulled]:
         from google.api_core import exceptions as api
@@ -195,6 +205,20 @@ class PubSubQueue:
             )
         return []
 
+    async def extend(self, messages: Sequence[Pulled]) -> None:
+        """Another ack deadline for messages whose publish is pending (ModifyAckDeadline)."""
+        for start in range(0, len(messages), MAX_BATCH):
+            chunk = messages[start : start + MAX_BATCH]
+            await self._call(
+                self.client.modify_ack_deadline,
+                request={
+                    "subscription": self.name,
+                    "ack_ids": [message.handle for message in chunk],
+                    "ack_deadline_seconds": int(self.lease_s),
+                },
+                timeout=CALL_TIMEOUT_S,
+            )
+
     async def release(self, messages: Sequence[Pulled]) -> None:
         await self._call(
             self.client.modify_ack_deadline,
@@ -213,6 +237,15 @@ def subscriber_client() -> Any:
     from google.cloud import pubsub_v1
 
     try:
+        emulator = os.environ.get("PUBSUB_EMULATOR_HOST")
+        if emulator:
+            import grpc
+            from google.pubsub_v1.services.subscriber.transports.grpc import (
+                SubscriberGrpcTransport,
+            )
+
+            channel = grpc.insecure_channel(emulator, options=GRPC_OPTIONS)
+            return pubsub_v1.SubscriberClient(transport=SubscriberGrpcTransport(channel=channel))
         return pubsub_v1.SubscriberClient()
     except google.auth.exceptions.DefaultCredentialsError as exc:
         raise StartupError(
@@ -274,8 +307,21 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
                 subscriber, args.subscription, args.batch, args.wait_time, args.publish_timeout
             )
             publisher = RawPublisher(settings.kafka, topic, args.publish_timeout)
+            dead_letters = RawPublisher(
+                settings.kafka,
+                settings.stream.dead_letter_topic,
+                args.publish_timeout,
+                max_record_bytes=DEAD_LETTER_MAX_MESSAGE_BYTES - RAW_RECORD_FRAMING_BYTES,
+            )
             bridge = PullBridge(
-                queue, publisher, BRIDGE, SOURCE, TRANSPORT, max_in_flight=args.max_messages
+                queue,
+                publisher,
+                BRIDGE,
+                SOURCE,
+                TRANSPORT,
+                max_in_flight=args.max_messages,
+                dead_letters=dead_letters,
+                raw_topic=topic,
             )
             return await serve(
                 BRIDGE,
@@ -283,6 +329,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
                 publisher,
                 metrics_port=args.metrics_port,
                 metrics_host=args.metrics_host,
+                dead_letter_publisher=dead_letters,
             )
         finally:
             await asyncio.to_thread(subscriber.close)

@@ -16,6 +16,14 @@ The loop (`PullBridge.run`):
    is published). The task publishes each message (concurrently; `publish` returns only once
    Kafka acknowledged it, else raises `PublishFailed`), then deletes **exactly the
    acknowledged ones** in one batch call. The unacknowledged ones are never deleted.
+   While a batch is publishing, a queue with leases (`LeasedQueue`: Pub/Sub's ack deadline)
+   has them extended every half lease, so a slow or retrying write to Kafka does not turn
+   into a redelivery of messages still in hand.
+   A message too large for the raw topic (`RecordTooLarge`: no retry could ever write it)
+   is, where the bridge has a dead-letter publisher, written whole to the dead-letter topic
+   (its bytes, the raw headers, `error` = why, `error.stage` = `bridge`, `error.topic` = the
+   raw topic, as `streams.core.records.dead_letter_record`) and deleted once Kafka holds
+   that; without one, or if that write fails, it is left like any failed publish.
 4. Errors back off exponentially (0.5 s doubling to 30 s, reset by a good round): a failed
    receive, and a batch with any failed publish (Kafka is likely down: receiving more only to
    fail again would churn the queue). A failed delete is retried a few times; what still
@@ -35,7 +43,9 @@ Metrics, the same family for every pull bridge (Prometheus, labels `bridge` = `s
 `bridge_pull_received_total`, `bridge_pull_published_total` (Kafka acknowledged),
 `bridge_pull_deleted_total` (deleted or acked after that), `bridge_pull_publish_failures_total`
 (left in the queue), `bridge_pull_delete_failures_total`, `bridge_pull_receive_errors_total`,
-`bridge_pull_released_total` (handed back at shutdown), the gauge `bridge_pull_in_flight`, and
+`bridge_pull_released_total` (handed back at shutdown), `bridge_pull_dead_lettered_total` (too
+large for the raw topic, written to the dead-letter topic), `bridge_pull_extended_total`
+(lease extensions of messages still publishing), the gauge `bridge_pull_in_flight`, and
 the histogram `bridge_pull_publish_seconds` (from receiving a message to Kafka's
 acknowledgement).
 """
@@ -52,11 +62,11 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
-from connectors.publisher import PublishFailed, RawPublisher, raw_headers
+from connectors.publisher import PublishFailed, RawPublisher, RecordTooLarge, raw_headers
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +88,14 @@ DELETE_FAILURES = Counter(
 )
 RECEIVE_ERRORS = Counter("bridge_pull_receive_errors", "Failed receive calls", _LABELS)
 RELEASED = Counter("bridge_pull_released", "Messages handed back unpublished at shutdown", _LABELS)
+DEAD_LETTERED = Counter(
+    "bridge_pull_dead_lettered",
+    "Messages too large for the raw topic, written whole to the dead-letter topic",
+    _LABELS,
+)
+EXTENDED = Counter(
+    "bridge_pull_extended", "Lease extensions of messages whose publish was pending", _LABELS
+)
 IN_FLIGHT = Gauge("bridge_pull_in_flight", "Messages received and not yet settled", _LABELS)
 PUBLISH_SECONDS = Histogram(
     "bridge_pull_publish_seconds",
@@ -133,6 +151,21 @@ class PullQueue(Protocol):
         """Make the messages visible again at once (best effort)."""
 
 
+@runtime_checkable
+class LeasedQueue(Protocol):
+    """A queue whose messages are leased for `lease_s` seconds (Pub/Sub's ack deadline) and
+    whose leases can be extended while their publish is pending."""
+
+    lease_s: float
+
+    async def extend(self, messages: Sequence[Pulled]) -> None:
+        """Lease the messages for another `lease_s` seconds from now (best effort)."""
+
+
+DEAD_LETTER_STAGE = "bridge"
+"""`error.stage` of the dead letters a pull bridge writes."""
+
+
 class Publisher(Protocol):
     async def publish(
         self, value: bytes, headers: list[tuple[str, bytes]], key: bytes | None = None
@@ -174,11 +207,16 @@ class PullBridge:
         transport: str,
         max_in_flight: int = 100,
         backoff: Backoff | None = None,
+        dead_letters: Publisher | None = None,
+        raw_topic: str = "",
     ) -> None:
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be at least 1")
         self.queue = queue
         self.publisher = publisher
+        self.dead_letters = dead_letters
+        """Where a message too large for the raw topic goes (None: it is left in the queue)."""
+        self.raw_topic = raw_topic or str(getattr(publisher, "topic", ""))
         self.source = source
         self.transport = transport
         self.max_in_flight = max_in_flight
@@ -192,6 +230,8 @@ class PullBridge:
             DELETE_FAILURES,
             RECEIVE_ERRORS,
             RELEASED,
+            DEAD_LETTERED,
+            EXTENDED,
             IN_FLIGHT,
             PUBLISH_SECONDS,
         ):
@@ -277,8 +317,19 @@ class PullBridge:
 
     async def _settle(self, messages: list[Pulled]) -> None:
         """Publish the batch, then delete exactly the messages Kafka acknowledged."""
+        renewing = (
+            asyncio.ensure_future(self._keep_leased(messages))
+            if isinstance(self.queue, LeasedQueue)
+            else None
+        )
         try:
-            errors = await asyncio.gather(*(self._publish(message) for message in messages))
+            try:
+                errors = await asyncio.gather(*(self._publish(message) for message in messages))
+            finally:
+                if renewing is not None:
+                    renewing.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await renewing
             acknowledged = [
                 message for message, error in zip(messages, errors, strict=True) if error is None
             ]
@@ -314,8 +365,27 @@ class PullBridge:
             IN_FLIGHT.labels(**self._labels).dec(len(messages))
             self._settled.set()
 
+    async def _keep_leased(self, messages: Sequence[Pulled]) -> None:
+        """Every half lease, extend the leases of the batch (cancelled once it is published)."""
+        assert isinstance(self.queue, LeasedQueue)
+        every_s = max(self.queue.lease_s / 2, 0.5)
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.queue.extend(messages)
+            except Exception as exc:  # the lease runs out: a redelivery, a copy the stream drops
+                log.warning(
+                    "could not extend the lease of %d messages from %s: %s",
+                    len(messages),
+                    self.queue.name,
+                    exc,
+                )
+                continue
+            EXTENDED.labels(**self._labels).inc(len(messages))
+
     async def _publish(self, message: Pulled) -> str | None:
-        """Publish one message; None once Kafka acknowledged it, else what went wrong."""
+        """Publish one message; None once Kafka acknowledged it (or, too large for the raw
+        topic, its dead letter), else what went wrong."""
         received = time.monotonic()
         headers = raw_headers(
             self.source,
@@ -325,6 +395,11 @@ class PullBridge:
         )
         try:
             await self.publisher.publish(message.body, headers)
+        except RecordTooLarge as exc:
+            if self.dead_letters is None:
+                PUBLISH_FAILURES.labels(**self._labels).inc()
+                return str(exc)
+            return await self._dead_letter(message, headers, str(exc))
         except PublishFailed as exc:
             PUBLISH_FAILURES.labels(**self._labels).inc()
             return str(exc)
@@ -334,6 +409,35 @@ class PullBridge:
             return repr(exc)
         PUBLISHED.labels(**self._labels).inc()
         PUBLISH_SECONDS.labels(**self._labels).observe(time.monotonic() - received)
+        return None
+
+    async def _dead_letter(
+        self, message: Pulled, headers: list[tuple[str, bytes]], reason: str
+    ) -> str | None:
+        """Write a message the raw topic cannot take, whole, to the dead-letter topic."""
+        assert self.dead_letters is not None
+        error = f"too large for the raw topic ({len(message.body)} bytes of data): {reason}"
+        letter = [
+            *headers,
+            ("error", error.encode()[:4096]),
+            ("error.stage", DEAD_LETTER_STAGE.encode()),
+            ("error.topic", self.raw_topic.encode()),
+        ]
+        try:
+            await self.dead_letters.publish(message.body, letter)
+        except PublishFailed as exc:
+            PUBLISH_FAILURES.labels(**self._labels).inc()
+            return f"{reason}; its dead letter was not written either: {exc}"
+        DEAD_LETTERED.labels(**self._labels).inc()
+        log.error(
+            "message %s from %s (%d bytes) is too large for the raw topic %s: written to the "
+            "dead-letter topic (%s)",
+            message.delivery_id,
+            self.queue.name,
+            len(message.body),
+            self.raw_topic,
+            reason,
+        )
         return None
 
     async def _delete(self, acknowledged: list[Pulled]) -> None:
@@ -392,13 +496,15 @@ async def serve(
     metrics_port: int | None = None,
     stop: asyncio.Event | None = None,
     metrics_host: str = "127.0.0.1",
+    dead_letter_publisher: RawPublisher | None = None,
 ) -> int:
     """Run one pull bridge as a command; the exit code.
 
     Checks the queue first (a missing queue or bad credentials fail fast, whether Kafka is up
     or not: one line on stderr, exit 2), then connects to Kafka (retrying while it is
     unreachable), then loops until SIGINT or SIGTERM (exit 0 once the batches in flight are
-    settled). `bridge.publisher` must be `publisher`.
+    settled). `bridge.publisher` must be `publisher`, and `bridge.dead_letters`
+    `dead_letter_publisher` (started and stopped with it).
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -430,6 +536,9 @@ async def serve(
             )
     if not await start_publisher(publisher, stop):
         return 0
+    if dead_letter_publisher is not None and not await start_publisher(dead_letter_publisher, stop):
+        await publisher.stop()
+        return 0
     log.info(
         "%s bridge: %s -> Kafka topic %s (source %s), up to %d messages in flight",
         bridge_name,
@@ -444,5 +553,7 @@ async def serve(
         return fail(bridge_name, str(exc))
     finally:
         await publisher.stop()
+        if dead_letter_publisher is not None:
+            await dead_letter_publisher.stop()
     log.info("%s bridge stopped", bridge_name)
     return 0

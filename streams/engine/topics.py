@@ -41,8 +41,15 @@ records derived from it (a dedupe id, an ordering mark)."""
 DEAD_LETTER_HEADROOM_BYTES = 64 * 1024
 """What a dead letter adds to the record it carries: `error` (at most 4 KiB), `error.stage`,
 `error.topic` and their framing, with room to spare."""
-DEAD_LETTER_MAX_MESSAGE_BYTES = RAW_MAX_MESSAGE_BYTES + DEAD_LETTER_HEADROOM_BYTES
-"""A dead letter carries a whole raw delivery (or keyed record) plus the error headers."""
+PULLED_MAX_MESSAGE_BYTES = 10 * 1000 * 1000
+"""The largest message a pull bridge can be handed: Pub/Sub's limit (data and attributes; an
+SQS message is at most 1 MiB, an Azure queue message 64 KiB). A message over the raw topic's
+limit is dead-lettered whole by the bridge (connectors.pull)."""
+DEAD_LETTER_MAX_MESSAGE_BYTES = (
+    max(RAW_MAX_MESSAGE_BYTES, PULLED_MAX_MESSAGE_BYTES) + DEAD_LETTER_HEADROOM_BYTES
+)
+"""A dead letter carries a whole raw delivery (or keyed record, or pulled message too large for
+the raw topic) plus the error headers."""
 MAX_MESSAGE_BYTES = {
     "raw": RAW_MAX_MESSAGE_BYTES,
     "repartition": EVENT_MAX_MESSAGE_BYTES,

@@ -42,6 +42,8 @@ FAMILY = {
     "bridge_pull_delete_failures_total",
     "bridge_pull_receive_errors_total",
     "bridge_pull_released_total",
+    "bridge_pull_dead_lettered_total",
+    "bridge_pull_extended_total",
     "bridge_pull_in_flight",
     "bridge_pull_publish_seconds_bucket",
     "bridge_pull_publish_seconds_count",
