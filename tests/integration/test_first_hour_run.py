@@ -135,21 +135,20 @@ def post_sample(port: int) -> int:
         return int(response.status)
 
 
-def test_the_sample_twice_is_one_event_and_make_send_a_new_one_each_time(stack: Stack) -> None:
-    assert post_sample(stack.webhook_port) == 202
-    assert post_sample(stack.webhook_port) == 202  # the same change again: dropped
-    for _ in range(2):
-        sent = subprocess.run(
-            ["make", "--no-print-directory", "send"],
-            cwd=ROOT,
-            env=stack.env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert sent.returncode == 0, sent.stderr
-        assert "HTTP 202" in sent.stdout
+def make_send(stack: Stack) -> None:
+    sent = subprocess.run(
+        ["make", "--no-print-directory", "send"],
+        cwd=ROOT,
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert sent.returncode == 0, sent.stderr
+    assert "HTTP 202" in sent.stdout
 
+
+def test_the_sample_twice_is_one_event_and_make_send_a_new_one_each_time(stack: Stack) -> None:
     # The README's consumer, as written, in the activated virtualenv.
     consumer = subprocess.Popen(
         ["/bin/bash", "-c", ". .venv/bin/activate && exec python -m examples.first_consumer"],
@@ -162,7 +161,15 @@ def test_the_sample_twice_is_one_event_and_make_send_a_new_one_each_time(stack: 
     )
     printed, logged = Lines(consumer.stdout), Lines(consumer.stderr)
     try:
-        for _ in range(3):
+        assert post_sample(stack.webhook_port) == 202
+        assert post_sample(stack.webhook_port) == 202  # the same change again: dropped
+        # Each change awaited before the next, as a person trying it does: the bridge
+        # spreads deliveries over the raw topic's partitions, so an older change sent
+        # right behind a newer one of the same key may arrive after it, and is then stale
+        # by design (files.stale.default), not an event.
+        assert printed.until("created photos/red flower.jpg", 120), printed.seen
+        for _ in range(2):
+            make_send(stack)
             assert printed.until("created photos/red flower.jpg", 120), printed.seen
     finally:
         interrupt(consumer, 60)
