@@ -7,10 +7,11 @@ logger and message template through, drops its repeats for `every_s` seconds, an
 next one through with how many it dropped ("(and 212 more like it in 5 s)"). Records that
 differ only in their arguments (a node id, a group, a transactional id) are one cause.
 
-Retriable start-up noise is demoted: the broker answers GroupCoordinatorNotAvailable while it
-loads the group's coordinator partition (a normal start, not an error); it is logged at INFO.
-A real outage is still visible: in the other lines, and on the worker's `/ready` and the
-bridges' `/healthz`.
+Retriable start-up noise is demoted (`demote`): while a broker loads a group's or a
+transaction's coordinator partition it answers GroupCoordinatorNotAvailable or "Coordinator
+load in progress", and a client marks the coordinator dead to look it up again; a normal
+start, not a warning, so these lines are logged at INFO. A real outage is still visible: in
+the other lines, and on the worker's `/ready` and the bridges' `/healthz`.
 
 `install_kafka_log_filter()` puts one filter on every logger of the Kafka client libraries
 (a logger's filters see the records logged on it, whatever handlers the process configured:
@@ -28,8 +29,12 @@ from dataclasses import dataclass
 KAFKA_LOGGERS = ("aiokafka", "faust.transport")
 """Logger name prefixes the filter is installed on."""
 EVERY_S = 5.0
-DEMOTED = ("GroupCoordinatorNotAvailableError",)
-"""Retriable errors that are part of a normal start: logged at INFO, not ERROR."""
+DEMOTED = (
+    "GroupCoordinatorNotAvailableError",
+    "Marking the coordinator dead",
+    "Coordinator load in progress",
+)
+"""Retriable states that are part of a normal start: logged at INFO, not WARNING or ERROR."""
 
 
 @dataclass(slots=True)
@@ -50,8 +55,8 @@ class RepeatFilter(logging.Filter):
         self._seen: dict[tuple[str, str], _Seen] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR and _is_demoted(record):
-            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+        if not demote(record):
+            return False
         key = (record.name, str(record.msg))
         now = self._clock()
         seen = self._seen.get(key)
@@ -70,12 +75,20 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-def _is_demoted(record: logging.LogRecord) -> bool:
+def demote(record: logging.LogRecord) -> bool:
+    """A WARNING or ERROR `record` naming a DEMOTED state, at INFO instead (in place); False
+    if that puts it below its logger's level (so a filter drops it: the logger let it through
+    at its first level, and handlers usually take every level)."""
+    if record.levelno < logging.WARNING or record.levelno > logging.ERROR:
+        return True
     try:
         text = record.getMessage()
     except Exception:  # a malformed record is not ours to fix
-        return False
-    return any(name in text for name in DEMOTED)
+        return True
+    if not any(name in text for name in DEMOTED):
+        return True
+    record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+    return logging.getLogger(record.name).isEnabledFor(logging.INFO)
 
 
 def install_kafka_log_filter(

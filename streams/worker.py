@@ -48,7 +48,7 @@ from streams.engine.librdkafka.group_config import kip848_refusal, versions_by_b
 from streams.engine.store import STATE_DIR_MODE, private
 from streams.engine.topics import ensure_topics, resolve_repartition_topic, topology
 from streams.kafka_settings import KafkaAccessError, KafkaRefusalWording
-from streams.logs import install_kafka_log_filter
+from streams.logs import install_kafka_log_filter, plain_unless_terminal
 from streams.progress import EXIT_STOP_TIMEOUT, STOP_GRACE_S, Stopping
 from streams.stages.pipeline import Pipeline
 
@@ -93,6 +93,17 @@ def _stop_now(message: str) -> None:
     os._exit(2)
 
 
+class StreamsWorker(faust.Worker):
+    """Faust's worker, without its start-up spinner when its output is not a terminal (the
+    spinner writes cursor escape codes into a log file or a pipe)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        isatty = getattr(self.stdout, "isatty", None)
+        if isatty is None or not isatty():
+            self.spinner = None
+
+
 class StreamsApp(faust.App):
     """A Faust app carrying the stream's settings and, once started, its pipeline; it creates
     the stream's topics before anything else starts."""
@@ -127,10 +138,35 @@ class StreamsApp(faust.App):
             # broker.
             topic_replication_factor=stream.replication_factor,
             broker_heartbeat_interval=stream.session_timeout_s / 5,
+            Worker=StreamsWorker,
         )
         self.settings = settings
         self.pipeline: Pipeline | None = None
         """The worker's pipeline once started (its clients are made inside the event loop)."""
+        self.ready_announced = False
+        """Whether the one `ready:` line was logged (the first time both stages had their
+        partitions and the state was restored)."""
+
+    def announce_ready(self) -> None:
+        """One line once the worker first serves: what runs, on how many partitions, where
+        its pages are. At WARNING, so that Faust's default level (WARN) shows it: the one
+        sign of life at that level, besides Faust's banner."""
+        pipeline = self.pipeline
+        if self.ready_announced or pipeline is None or not pipeline.ready:
+            return
+        self.ready_announced = True
+        stream = self.settings.stream
+        stages = ", ".join(
+            f"{loop.name} ({len(loop.owned)} partitions)" for loop in pipeline.stages
+        )
+        log.warning(
+            "ready: stages %s; state in RocksDB at %s (Faust's banner `store` is its own "
+            "table store, unused); web http://%s:%d",
+            stages,
+            stream.data_dir / f"{stream.app_id}-state",
+            stream.web_host,
+            stream.web_port,
+        )
 
     async def on_first_start(self) -> None:
         # Retries (and says so) while Kafka is unreachable: a worker started before its
@@ -169,6 +205,7 @@ def create_app(settings: Settings) -> StreamsApp:
         _stages: tuple[asyncio.Future[None], ...] = ()
 
         async def on_start(self) -> None:
+            plain_unless_terminal()  # Faust's handlers are set up by now: no escape codes
             open_instances = open_instances_warning(app.settings.instances)
             if open_instances is not None:
                 log.warning("%s", open_instances)
@@ -282,6 +319,7 @@ def create_app(settings: Settings) -> StreamsApp:
         pipeline = app.pipeline
         if pipeline is not None and not pipeline.progress.stopping:
             await pipeline.watch_stalls()
+            app.announce_ready()
 
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:

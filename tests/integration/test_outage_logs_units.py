@@ -9,6 +9,7 @@ last sign of life). The broker-backed proof is `test_outage_logs.py`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 import pytest
 
@@ -47,7 +48,18 @@ def test_repeats_of_one_cause_become_one_line_every_5_s_with_a_count() -> None:
     assert repeats.filter(record("aiokafka.conn", logging.ERROR, connect, 1, "refused"))
 
 
-def test_a_coordinator_still_loading_is_not_an_error() -> None:
+@pytest.fixture
+def coordinator_log() -> Iterator[logging.Logger]:
+    """aiokafka's group coordinator logger, its level restored after the test (setLevel:
+    it also clears the logger's cache of isEnabledFor answers)."""
+    logger = logging.getLogger("aiokafka.consumer.group_coordinator")
+    previous = logger.level
+    yield logger
+    logger.setLevel(previous)
+
+
+def test_a_coordinator_still_loading_is_not_an_error(coordinator_log: logging.Logger) -> None:
+    coordinator_log.setLevel(logging.INFO)
     repeats = RepeatFilter(clock=Clock())
     loading = record(
         "aiokafka.consumer.group_coordinator",
@@ -64,6 +76,26 @@ def test_a_coordinator_still_loading_is_not_an_error() -> None:
         "NodeNotReadyError",
     )
     assert not repeats.filter(away)  # the same template: collapsed with the first
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Marking the coordinator dead (node 1)for group storage-events-emit.",
+        "Group Coordinator Request failed: [Error 15] GroupCoordinatorNotAvailableError",
+    ],
+)
+def test_at_the_default_level_a_normal_start_says_nothing_of_its_coordinators(
+    coordinator_log: logging.Logger, message: str
+) -> None:
+    """Faust's default level is WARNING: a line demoted to INFO is then not written at all
+    (the logger let it through at ERROR, and handlers take every level)."""
+    coordinator_log.setLevel(logging.WARNING)
+    line = record("aiokafka.consumer.group_coordinator", logging.ERROR, message)
+    assert not RepeatFilter(clock=Clock()).filter(line)
+    real = record("aiokafka.consumer.group_coordinator", logging.ERROR, "Unknown error 42")
+    assert RepeatFilter(clock=Clock()).filter(real)
+    assert real.levelno == logging.ERROR
 
 
 def test_the_filter_is_on_every_aiokafka_logger_once() -> None:

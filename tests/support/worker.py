@@ -131,10 +131,13 @@ class Worker:
         }
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self, wait_ready: bool = True, timeout_s: float = 90.0) -> Worker:
+    def start(
+        self, wait_ready: bool = True, timeout_s: float = 90.0, level: str | None = "info"
+    ) -> Worker:
+        """`faust -A streams worker -l <level>` (level None: Faust's default, WARN)."""
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [str(FAUST), "-A", "streams", "worker", "-l", "info"],
+            [str(FAUST), "-A", "streams", "worker", *(("-l", level) if level else ())],
             cwd=ROOT,
             env=self.env,
             stdout=log,

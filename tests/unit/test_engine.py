@@ -117,6 +117,41 @@ def test_librdkafka_lines_repeat_once_per_cause_not_once_per_template() -> None:
     ]
 
 
+def test_a_transaction_coordinator_still_loading_is_info_not_a_warning() -> None:
+    """A normal start's `Failed to acquire transactional PID ... Coordinator load in
+    progress`: at INFO when the worker logs at INFO, not written at its default WARNING."""
+    import logging
+
+    from streams.engine.librdkafka import librdkafka_log
+
+    logger = librdkafka_log()
+    seen: list[tuple[str, str]] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append((record.levelname, record.getMessage()))
+
+    line = (
+        "[thrd:main]: Failed to acquire transactional PID from broker TxnCoordinator/1: "
+        "Broker: Coordinator load in progress: retrying"
+    )
+    handler, level = Keep(), logger.level
+    logger.addHandler(handler)
+    try:
+        logger.setLevel(logging.WARNING)
+        logger.warning("%s [%s] %s", "GETPID", "app-emit-0#producer-3", line)
+        logger.warning("%s [%s] %s", "REQTMOUT", "app-emit-0#producer-3", "Timed out")
+        logger.setLevel(logging.INFO)
+        logger.warning("%s [%s] %s", "GETPID", "app-emit-1#producer-4", f"{line} again")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert seen == [
+        ("WARNING", "REQTMOUT [app-emit-0#producer-3] Timed out"),
+        ("INFO", f"GETPID [app-emit-1#producer-4] {line} again"),
+    ]
+
+
 def test_a_refusal_reads_as_aiokafka_names_it() -> None:
     from confluent_kafka import KafkaError
 

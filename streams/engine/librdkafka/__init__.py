@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from streams.logs import EVERY_S
+from streams.logs import EVERY_S, demote
 
 LIBRDKAFKA_LOGGER = "streams.engine.librdkafka"
 _VARYING = re.compile(
@@ -56,6 +56,8 @@ class _LineRepeatFilter(logging.Filter):
             text = record.getMessage()
         except Exception:  # a malformed record is not ours to fix
             return True
+        if not demote(record):
+            return False
         now = time.monotonic()
         cause = cause_of(text)
         with self._lock:
