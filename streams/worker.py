@@ -163,7 +163,7 @@ class StreamsApp(faust.App):
             "ready: stages %s; state in RocksDB at %s (Faust's banner `store` is its own "
             "table store, unused); web http://%s:%d",
             stages,
-            stream.data_dir / f"{stream.app_id}-state",
+            pipeline.store.directory,
             stream.web_host,
             stream.web_port,
         )
