@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from streams.config import Settings
 from streams.engine.membership import admin_client, describe, state_name
-from streams.engine.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic
+from streams.engine.topics import KEYS_TABLE, MARKS_TABLE, SEEN_TABLE, changelog_topic
 from streams.kafka_settings import KafkaSettings
 
 LAST_RECORDS = 4
@@ -317,7 +317,7 @@ async def snapshot(
                 ),
             )
             changelogs: dict[str, int] = {}
-            for table in (SEEN_TABLE, MARKS_TABLE):
+            for table in (KEYS_TABLE, SEEN_TABLE, MARKS_TABLE):
                 topic = changelog_topic(settings, table)
                 if topic in known:
                     changelogs[topic] = await _offsets_held(consumer, topic, known[topic])

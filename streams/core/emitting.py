@@ -19,23 +19,42 @@ credential cannot make another provider's change a duplicate (a B2 `eventId` equ
 change's derived id) or stale (a MinIO sequencer `"F" * 64`, a Supabase time of 9999-12-31),
 and same-named buckets of two providers no longer order against each other.
 
-State keys (the tables are co-partitioned with the repartition topic; the partition is the
-input record's):
+State (the tables are co-partitioned with the repartition topic; the partition is the input
+record's). One record per key holds all an event's decision reads (streams.core.keystate: the
+key's mark, its recent ids, its ETag), so an event costs one read and each key a batch touched
+one changelog record:
 
-* `seen`: (a `reconcile` id is always in scope `reconcile`, whatever scope orders it:
-  `id_scope`) `<instance>/<id>` when the id is the provider's own derived id (`<provider>:...`,
-  S3, GCS, MinIO, Supabase, Appwrite, reconcile, and B2/Box/Cloudinary fallbacks) and the
-  scope is the provider itself: the key the stream wrote before scopes, so that state carries
-  over at no cost. Otherwise `<instance>|<scope>|<id>`. Instance names hold no `|` and scopes
-  neither `|`, `/` nor `:`, so no two (instance, scope, id) share a key, and a key of the
-  first form with the id `<p>:...` can only be written by provider `p`.
-* `marks`: `<instance>|<scope>|<bucket>/<key>` (before scopes: `<instance>/<bucket>/<key>`).
+* `keys`: `<instance>|<scope>|<bucket>/<key>` -> the key's record. Dedupe is per key: an id
+  names one change of one object, so an id seen under its key is a duplicate. A `reconcile`
+  id is kept apart from the provider's ids under the same key (`id_scope`): a listing's id
+  never takes a provider's.
+* `seen`: ids a hot key's record could not keep (`keystate.RECENT_IDS`), read only for a key
+  whose record says so (`spill_until`), and the ids recorded before per-key state. Keys
+  (`id_scope`): `<instance>/<id>` when the id is the provider's own derived id
+  (`<provider>:...`, S3, GCS, MinIO, Supabase, Appwrite, reconcile, and B2/Box/Cloudinary
+  fallbacks) and the scope is the provider itself: the key the stream wrote before scopes.
+  Otherwise `<instance>|<scope>|<id>`. Instance names hold no `|` and scopes neither `|`, `/`
+  nor `:`, so no two (instance, scope, id) share a key, and a key of the first form with the
+  id `<p>:...` can only be written by provider `p`.
+* `marks`: before per-key state, `<instance>|<scope>|<bucket>/<key>` (before scopes:
+  `<instance>/<bucket>/<key>`) -> the key's mark. Migrated into `keys` when a partition is
+  restored (streams.stages.emit), then emptied.
+
+Upgrade from two tables (`seen` and `marks`, before per-key state). A partition's marks move
+into `keys` records of the same keys at its first restore (`migrated_mark`), so ordering state
+carries over whole. Ids cannot move (a `seen` key names no object key), so on a partition's
+first plan the `keys` entry `SEEN_UNTIL_KEY` is written: now + the longest dedupe TTL when
+the partition had state (a `seen` or `marks` changelog offset), else now. Until then a miss in
+a key's ids also reads `seen`, as a hot key's does: a redelivery of a change handled before
+the upgrade is still a duplicate. After it the old ids have expired in any case, and a new
+event costs its one read.
 
 Upgrade from unscoped state. Databases and changelogs written before scopes hold `seen`
-entries `<instance>/<id>` for every id and `marks` `<instance>/<bucket>/<key>` for every key.
-On a partition's first plan, the `marks` entry `LEGACY_UNTIL_KEY` is written: now + the
-longest dedupe TTL when the partition already had state (its changelog offset key is set),
-else now. Until that time, and only then, a miss of a scoped key falls back to the old key:
+entries `<instance>/<id>` for every id and `marks` `<instance>/<bucket>/<key>` for every key
+(now `keys` records of those keys). On a partition's first plan, the `keys` entry
+`LEGACY_UNTIL_KEY` is written unless it is there (copied from `marks`): now + the longest
+dedupe TTL when the partition already had state (its changelog offset key is set), else now.
+Until that time, and only then, a miss of a scoped key falls back to the old key:
 
 * `seen`, for an id of the second form: the old key `<instance>/<id>`, unless the id starts
   with `<p>:` for a source `p` other than the event's provider. Since scopes, the old form is
@@ -43,10 +62,10 @@ else now. Until that time, and only then, a miss of a scoped key falls back to t
   before the upgrade or the event's own provider's. No delivery after the upgrade can make
   another provider's change a duplicate through it, and an old entry counts only until its
   own expiry (no later than the window).
-* `marks`: the old key, which nothing writes any more, so only marks recorded before the
-  upgrade are read. One applies only to an event of the provider it came from: an id
-  `<p>:...` belongs to `p`, else the token kind names the provider (an unprefixed id with an
-  AWS sequencer is EventBridge's, Azure's with an Azure sequencer; a time-only mark with an
+* the mark: the record of the old key, which nothing writes any more, so only marks recorded
+  before the upgrade are read. One applies only to an event of the provider it came from: an
+  id `<p>:...` belongs to `p`, else the token kind names the provider (an unprefixed id with
+  an AWS sequencer is EventBridge's, Azure's with an Azure sequencer; a time-only mark with an
   unprefixed id may be B2's, Box's, Cloudinary's, Azure's or EventBridge's), and only with
   the same token kind (tokens compared with tokens, times with times). Its time is bounded
   like any mark's.
@@ -60,11 +79,12 @@ only on a miss, only in the window, and never on a partition that starts without
 
 Deleted keys' marks expire (streams.core.ordering `with_grace`): the mark a `deleted` event leaves
 records `forget_at` = now + the grace (`stream.deleted_mark_grace_s`, else the instance's
-`dedupe_ttl`: `deleted_mark_grace`). Past it, the plan reads the mark as none, a restore skips
-it (`mark_forget_at`) and the worker's sweeper deletes it and tombstones it in the changelog
-(`mark_revision`). Marks written before this rule carry no `forget_at`: the sweeper stamps
-those of deleted keys (both key forms) with the sweep's time + the grace, so they are
-forgotten a grace after the first sweep that sees them, never earlier. Live keys' marks stay.
+`dedupe_ttl`: `deleted_mark_grace`). Past it, the plan reads the mark as none; once the key's
+ids have expired too, a restore skips its record (`keystate.record_forget_at`) and the
+worker's sweeper deletes it and tombstones it in the changelog (`key_revision`). Marks written
+before this rule carry no `forget_at`: the sweeper stamps those of deleted keys (both key
+forms) with the sweep's time + the grace, so they are forgotten a grace after the first sweep
+that sees them, never earlier. Live keys' records stay.
 
 The plan holds the records to send and the state to record once Kafka acknowledged them:
 a batch that fails to send records nothing, so its redelivery runs again.
@@ -76,12 +96,19 @@ import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 
 from streams.config import InstanceConfig, Settings
 from streams.core.event import FileEvent
+from streams.core.keystate import (
+    FORGETTABLE_MARKER,
+    KeyState,
+    decode,
+    encode,
+    record_forget_at,
+)
 from streams.core.normalizers import SOURCES
 from streams.core.ordering import (
     TOKEN_KINDS,
@@ -106,16 +133,22 @@ from streams.core.records import (
 )
 from streams.engine.store import OFFSET_KEY, Revision
 
+KEYS = "keys"
 SEEN = "seen"
 MARKS = "marks"
 LEGACY_UNTIL_KEY = b"\x00legacy-keys-until"
-"""In `marks`: until when this partition also reads the keys written before scopes (module
-docstring). Starts with NUL, as no instance name does; it never expires (it is no mark)."""
-MARKS_SWEEP_SCAN = 50_000
-"""Marks a sweep reads per partition (the next sweep resumes there): the table holds every
-live key, and the sweep holds the emit stage up while it reads, 1.5-4 us a mark (BENCHMARKS.md,
-"Marks: bounded state"). Decisions do not wait for it (a mark past its grace counts as none),
-only the space does: a partition of 2.5M keys is read through every 50 sweeps."""
+"""In `keys` (in `marks` before per-key state): until when this partition also reads the keys
+written before scopes (module docstring). Starts with NUL, as no instance name does; it never
+expires (it is no key's record)."""
+SEEN_UNTIL_KEY = b"\x00seen-ids-until"
+"""In `keys`: until when a miss in a key's ids also reads `seen`, where ids were recorded
+before per-key state (module docstring)."""
+KEYS_SWEEP_SCAN = 50_000
+"""Key records a sweep reads per partition (the next sweep resumes there): the table holds
+every live key, and the sweep holds the emit stage up while it reads, 1.5-4 us a record
+(BENCHMARKS.md, "Marks: bounded state"; a live key's record is skipped unparsed). Decisions do
+not wait for it (a mark past its grace counts as none, an expired id as new), only the space
+does: a partition of 2.5M keys is read through every 50 sweeps."""
 SEEN_SWEEP_SCAN = 50_000
 """Dedupe ids a sweep reads per partition (the next sweep resumes there; `seen_revision`): the
 table holds every id of the last TTL, millions per partition, and a read costs ~1.6 us an id.
@@ -228,8 +261,43 @@ def scoped_seen_key(instance: str, event: KeyedEvent, scope: str) -> tuple[bytes
     return seen_key(instance, event.id, None if own else scope), own
 
 
+def spill_key(instance: str, entry: list[Any], event_scope: str) -> bytes:
+    """The `seen` key of an id moved out of its key's record (`KeyState.remember`): the key
+    a lookup of that id reads (`scoped_seen_key`), its provider being the scope's own, or
+    reconcile's for a reconcile id (the entry's third element)."""
+    if len(entry) > 2:
+        provider = ids_scope = "reconcile"
+    else:
+        provider, ids_scope = event_scope.partition("@")[0], event_scope
+    own = own_id(entry[0], provider, ids_scope)
+    return seen_key(instance, entry[0], None if own else ids_scope)
+
+
+def spilled_value(entry: list[Any]) -> bytes:
+    """The `seen` value of a spilled id: its absolute expiry."""
+    return encode_expiry(entry[1])
+
+
+def unrecord(plan: EmitPlan, event: KeyedEvent, instance: InstanceConfig, partition: int) -> None:
+    """Take `event`'s id back out of `plan`'s writes: its output was refused and replaced by
+    a dead letter, whose replay after the fix must be no duplicate. Its key's mark stays (at
+    worst an older event of the key is stale)."""
+    event_scope = instance_scope(event, instance)
+    ids_scope = id_scope(event, event_scope)
+    writes = plan.writes.get((KEYS, partition), {})
+    key = mark_key(instance.name, event, event_scope)
+    stored = writes.get(key)
+    if stored is not None:
+        current = decode(stored)
+        current.forget(event.id, ids_scope != event_scope)
+        writes[key] = encode(current)
+    seen = plan.writes.get((SEEN, partition), {})
+    seen.pop(scoped_seen_key(instance.name, event, ids_scope)[0], None)
+
+
 def dedupe_key(event: KeyedEvent, instance: InstanceConfig) -> bytes:
-    """The `seen` key `plan_batch` records for `event` in `instance`."""
+    """The `seen` key of `event` in `instance`: where its id is if it was spilled from its
+    key's record, or recorded before per-key state."""
     event_scope = id_scope(event, instance_scope(event, instance))
     return scoped_seen_key(instance.name, event, event_scope)[0]
 
@@ -284,20 +352,35 @@ def mark_forget_at(stored: bytes) -> float | None:
     return mark.forget_at if mark is not None and mark.type == "deleted" else None
 
 
-def mark_revision(
+def key_revision(
     key: bytes, stored: bytes, now: float, grace_of: Callable[[bytes], float]
 ) -> Revision | None:
-    """What the sweep does to one `marks` entry: None (keep it); delete a deleted key's mark
-    past its `forget_at`; stamp one written before marks expired (no `forget_at`) with
-    `now` + its grace (`grace_of(key)`), so that it goes a grace later."""
-    if key == LEGACY_UNTIL_KEY or DELETED_MARKER not in stored:
+    """What the sweep does to one `keys` record: None (keep it); delete one past its end
+    (`streams.core.keystate`: a deleted key's past its grace whose ids expired, or one of ids
+    alone); stamp a deleted key's mark written before marks expired (no `forget_at`, migrated
+    from `marks`) with `now` + its grace (`grace_of(key)`), so that it goes a grace later."""
+    if key.startswith(b"\x00"):
+        return None  # a partition's marker, no key's record
+    if FORGETTABLE_MARKER in stored:
+        ends = record_forget_at(stored)
+        return FORGET if ends is not None and ends <= now else None
+    if DELETED_MARKER not in stored:
         return None
+    current = decode(stored)
+    mark = current.mark
+    if mark is None or mark.type != "deleted" or mark.forget_at is not None:
+        return None
+    current.mark = with_grace(mark, now, grace_of(key))
+    return Revision(encode(current))
+
+
+def migrated_mark(key: bytes, stored: bytes) -> bytes | None:
+    """The `keys` record of a `marks` entry (per-key state's upgrade: a key's mark becomes its
+    record's; the pre-scope window's marker is copied as it is); None for an unreadable one."""
+    if key == LEGACY_UNTIL_KEY:
+        return stored
     mark = _read_mark(stored)
-    if mark is None or mark.type != "deleted":
-        return None
-    if mark.forget_at is None:
-        return Revision(_mark_bytes(with_grace(mark, now, grace_of(key))))
-    return Revision(None) if forgotten(mark, now) else None
+    return encode(KeyState(mark=mark)) if mark is not None else None
 
 
 def encode_expiry(expires_at: float) -> bytes:
@@ -328,37 +411,42 @@ def plan_batch(
     inputs: Sequence[KeyedInput], settings: Settings, state: StateReader, now: float
 ) -> EmitPlan:
     """Decide every event of a batch; `now` (epoch seconds) ages dedupe entries, bounds the
-    event times recorded in marks and closes the window of pre-scope keys."""
+    event times recorded in marks and closes the windows of earlier state layouts.
+
+    One state read per event on the common path (its key's record, `streams.core.keystate`),
+    and one record written per key the batch touched, however many of its events it held."""
     plan = EmitPlan()
-    pending: dict[tuple[str, int, bytes], bytes] = {}
     instances = {instance.name: instance for instance in settings.instances}
     latest = now + settings.stream.max_clock_skew_s
-    legacy_until: dict[int, float] = {}
+    windows: dict[tuple[bytes, int], float] = {}
     graces = {name: deleted_mark_grace(settings, name) for name in instances}
+    records: dict[tuple[int, bytes], KeyState] = {}
+    """(partition, key) -> the key's state as this batch leaves it; written once at the end."""
+    changed: set[tuple[int, bytes]] = set()
+    longest = max(instance.dedupe_ttl for instance in settings.instances)
 
     def lookup(table: str, partition: int, key: bytes) -> bytes | None:
-        found = pending.get((table, partition, key))
-        return found if found is not None else state.get(table, partition, key)
+        found = plan.writes.get((table, partition))
+        if found is not None and key in found:
+            return found[key]
+        return state.get(table, partition, key)
 
-    def record(table: str, partition: int, key: bytes, value: bytes) -> None:
-        pending[(table, partition, key)] = value
-        plan.write(table, partition, key, value)
-
-    def legacy_open(partition: int) -> bool:
-        """Whether `partition` still reads pre-scope keys; decided (and recorded) once."""
-        until = legacy_until.get(partition)
+    def window_open(marker: bytes, partition: int, tables: tuple[str, ...]) -> bool:
+        """Whether `partition` still reads an earlier layout's state (module docstring):
+        until `marker`'s time in `keys`, set on the partition's first plan to now + the
+        longest TTL when any of `tables` had state, else to now. Read once per batch."""
+        until = windows.get((marker, partition))
         if until is None:
-            stored = lookup(MARKS, partition, LEGACY_UNTIL_KEY)
+            stored = lookup(KEYS, partition, marker)
             if stored is not None:
                 until = decode_expiry(stored) or 0.0
             else:
                 had_state = any(
-                    state.get(table, partition, OFFSET_KEY) is not None for table in (SEEN, MARKS)
+                    state.get(table, partition, OFFSET_KEY) is not None for table in tables
                 )
-                longest = max(instance.dedupe_ttl for instance in settings.instances)
                 until = now + longest if had_state else now
-                record(MARKS, partition, LEGACY_UNTIL_KEY, encode_expiry(until))
-            legacy_until[partition] = until
+                plan.write(KEYS, partition, marker, encode_expiry(until))
+            windows[(marker, partition)] = until
         return now < until
 
     for item in inputs:
@@ -380,29 +468,42 @@ def plan_batch(
 
         partition = item.partition
         event_scope = instance_scope(event, instance)
-        id_key, own = scoped_seen_key(instance.name, event, id_scope(event, event_scope))
-        stored = lookup(SEEN, partition, id_key)
-        if (
-            stored is None
-            and not own
-            and legacy_open(partition)
-            and legacy_id_readable(event.id, event.provider)
-        ):
-            stored = state.get(SEEN, partition, seen_key(instance.name, event.id))
-        expires_at = decode_expiry(stored)
-        if expires_at is not None and expires_at > now:
+        ids_scope = id_scope(event, event_scope)
+        reconciled = ids_scope != event_scope
+        key_key = mark_key(instance.name, event, event_scope)
+        found = records.get((partition, key_key))
+        if found is None:
+            found = records[(partition, key_key)] = decode(lookup(KEYS, partition, key_key))
+        current = found
+
+        # 1. Dedupe: the key's recent ids, then (a hot key's, or in the upgrade window) `seen`.
+        if current.seen(event.id, reconciled, now):
             plan.outcomes[(instance.name, "duplicate")] += 1
             continue
-        record(SEEN, partition, id_key, encode_expiry(now + instance.dedupe_ttl))
+        if current.spilled(now) or window_open(SEEN_UNTIL_KEY, partition, (SEEN, MARKS)):
+            id_key, own = scoped_seen_key(instance.name, event, ids_scope)
+            stored = lookup(SEEN, partition, id_key)
+            if (
+                stored is None
+                and not own
+                and window_open(LEGACY_UNTIL_KEY, partition, (SEEN, MARKS, KEYS))
+                and legacy_id_readable(event.id, event.provider)
+            ):
+                stored = state.get(SEEN, partition, seen_key(instance.name, event.id))
+            expires_at = decode_expiry(stored)
+            if expires_at is not None and expires_at > now:
+                plan.outcomes[(instance.name, "duplicate")] += 1
+                continue
+        changed.add((partition, key_key))
+        for spilled in current.remember(event.id, reconciled, now + instance.dedupe_ttl, now):
+            spilled_key = spill_key(instance.name, spilled, event_scope)
+            plan.write(SEEN, partition, spilled_key, spilled_value(spilled))
 
+        # 2. Order against the key's mark (or, in the pre-scope window, its old mark).
         mark = mark_for(event)
-        key_key = mark_key(instance.name, event, event_scope)
-        stored = lookup(MARKS, partition, key_key)
-        last: Mark | None = None
-        if stored is not None:
-            last = _read_mark(stored)
-        elif legacy_open(partition):
-            legacy = _read_mark(state.get(MARKS, partition, mark_key(instance.name, event)))
+        last = current.mark
+        if last is None and window_open(LEGACY_UNTIL_KEY, partition, (SEEN, MARKS, KEYS)):
+            legacy = decode(state.get(KEYS, partition, mark_key(instance.name, event))).mark
             if legacy is not None and legacy_mark_applies(
                 legacy, mark, event.provider, event_scope
             ):
@@ -417,14 +518,19 @@ def plan_batch(
             )
             plan.outcomes[(instance.name, "stale")] += 1
             continue
+
+        # 3. Emit.
         if not _version_only(event):
             recorded = with_grace(recorded_mark(mark, last, latest), now, graces[instance.name])
-            record(MARKS, partition, key_key, _mark_bytes(recorded))
+            current.mark = recorded
+            current.etag = event.etag
         plan.outputs.append(keyed_output_record(instance.output_topic, event))
         plan.outcomes[(instance.name, "emitted")] += 1
         received_at = item.headers.get("received-at")
         if received_at:
             plan.received_at.append((instance.name, received_at))
+    for partition, key in changed:
+        plan.write(KEYS, partition, key, encode(records[(partition, key)]))
     return plan
 
 

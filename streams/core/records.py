@@ -130,6 +130,8 @@ class KeyedEvent:
     version_only: bool | None
     raw: Mapping[str, Any] | None
     value: bytes
+    etag: str | None = None
+    """The object's ETag, which the key's state keeps for reconcile (streams.core.keystate)."""
 
 
 def parse_keyed(value: bytes, headers: Mapping[str, bytes | None]) -> KeyedEvent:
@@ -154,8 +156,9 @@ def parse_keyed(value: bytes, headers: Mapping[str, bytes | None]) -> KeyedEvent
         raise ValueError("keyed event lacks a string id, key or provider")
     if not isinstance(kind, str) or kind not in EVENT_TYPES:
         raise ValueError(f"keyed event has type {kind!r}")
-    bucket, sequencer, time_text, version_only, raw = (
-        data.get(name) for name in ("bucket", "sequencer", "time", "version_only", "raw")
+    bucket, sequencer, time_text, version_only, raw, etag = (
+        data.get(name)
+        for name in ("bucket", "sequencer", "time", "version_only", "raw", "etag")
     )
     if not (bucket is None or isinstance(bucket, str)) or not (
         sequencer is None or isinstance(sequencer, str)
@@ -183,6 +186,7 @@ def parse_keyed(value: bytes, headers: Mapping[str, bytes | None]) -> KeyedEvent
         version_only=version_only,
         raw=raw if isinstance(raw, dict) else None,
         value=value,
+        etag=etag if isinstance(etag, str) else None,
     )
 
 

@@ -1,8 +1,10 @@
 """The stream's state: RocksDB databases per table and partition, each backed by a changelog.
 
-Two tables, co-partitioned with the repartition topic: `seen` (dedupe ids -> absolute
-expiry) and `marks` (object key -> the ordering mark of the newest event emitted). Each table
-and partition is one RocksDB database (rocksdict, raw bytes) under
+Three tables, co-partitioned with the repartition topic (streams.core.emitting): `keys`
+(object key -> its record: ordering mark, recent ids, ETag), `seen` (dedupe ids a hot key's
+record could not keep, and those recorded before per-key state -> absolute expiry) and
+`marks` (the ordering marks before per-key state, moved into `keys` at a partition's
+restore). Each table and partition is one RocksDB database (rocksdict, raw bytes) under
 `<data_dir>/<app_id>-state/<table>-<partition>.db`, and one partition of the table's changelog
 topic `<app_id>-<table>-changelog`.
 
@@ -24,8 +26,9 @@ bounded scan that resumes where the previous turn stopped) finds entries past it
 deletes them locally and writes tombstones to the changelog, whose
 `compact,delete` policy with a retention of the longest TTL bounds the topic even if a sweep
 never ran. A restore skips entries already expired, so it can neither bring back nor renew one.
-Deleted keys' marks expire the same way (`revisions`, streams.core.emitting.mark_revision): past
-their grace they are deleted and tombstoned, and a restore skips them.
+Deleted keys' records expire the same way (`revisions`, streams.core.emitting.key_revision):
+past their grace and their ids' expiry they are deleted and tombstoned, and a restore skips
+them.
 """
 
 from __future__ import annotations
@@ -195,6 +198,17 @@ class StateStore:
         value: bytes | None = self._dbs[(table, partition)].get(key)
         return value
 
+    def entries(self, table: str, partition: int, limit: int) -> list[tuple[bytes, bytes]]:
+        """The first `limit` entries of `table` in `partition` (its offset key left out)."""
+        found: list[tuple[bytes, bytes]] = []
+        for key, value in self._dbs[(table, partition)].items():
+            if not isinstance(key, bytes) or key == OFFSET_KEY:
+                continue
+            if len(found) >= limit:
+                break
+            found.append((key, bytes(value)))
+        return found
+
     def flush(self, table: str, partition: int) -> None:
         self._dbs[(table, partition)].flush()
 
@@ -238,7 +252,7 @@ class StateStore:
     ) -> Swept:
         """One sweep turn over `table` in `partition`: up to `limit` entries that `revise`
         changes (`seen` ids past their expiry, streams.core.emitting.seen_revision; deleted
-        keys' marks past their grace, mark_revision).
+        keys' records past their end, key_revision).
 
         Reads at most `scan` entries, from where the previous turn on this database stopped
         to its end (the next turn starts over), so that a sweep of a table of millions of

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 DAY_MS = 24 * 3600 * 1000
 MIN_INSYNC_REPLICAS = "min.insync.replicas"
 """Set on every topic the stream creates, from `stream.min_insync_replicas`."""
+KEYS_TABLE = "keys"
 SEEN_TABLE = "seen"
 MARKS_TABLE = "marks"
 
@@ -37,7 +38,7 @@ RAW_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 by default; the bridges bound the whole record to this)."""
 EVENT_MAX_MESSAGE_BYTES = 1024 * 1024
 """The records of one event: keyed (repartition topic), output, stale, and the changelog
-records derived from it (a dedupe id, an ordering mark)."""
+records derived from it (its key's record, bounded: streams.core.keystate)."""
 DEAD_LETTER_HEADROOM_BYTES = 64 * 1024
 """What a dead letter adds to the record it carries: `error` (at most 4 KiB), `error.stage`,
 `error.topic` and their framing, with room to spare."""
@@ -114,6 +115,14 @@ def topology(settings: Settings) -> list[TopicSpec]:
             # holds raw deliveries as they came, with the error headers
             {"retention.ms": str(30 * DAY_MS), **_limit("dead-letter")},
             "dead-letter",
+        ),
+        TopicSpec(
+            changelog_topic(settings, KEYS_TABLE),
+            parts,
+            replicas,
+            # A live key's record is kept for good (its mark); an ended one is tombstoned.
+            {"cleanup.policy": "compact", **_limit("changelog")},
+            "changelog",
         ),
         TopicSpec(
             changelog_topic(settings, SEEN_TABLE),

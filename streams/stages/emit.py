@@ -31,22 +31,25 @@ from confluent_kafka import KafkaException
 from streams import metrics
 from streams.config import Settings
 from streams.core.emitting import (
+    KEYS,
+    KEYS_SWEEP_SCAN,
     MARKS,
-    MARKS_SWEEP_SCAN,
     SEEN,
     SEEN_SWEEP_SCAN,
     EmitPlan,
     KeyedInput,
     PendingState,
     decode_expiry,
-    dedupe_key,
     deleted_mark_grace,
+    key_revision,
     mark_forget_at,
     mark_instance,
-    mark_revision,
+    migrated_mark,
     plan_batch,
     seen_revision,
+    unrecord,
 )
+from streams.core.keystate import record_forget_at
 from streams.core.records import OutRecord, RawRecord, dead_letter_record, headers_dict, parse_keyed
 from streams.engine import failpoints
 from streams.engine.batches import Batch
@@ -57,6 +60,9 @@ from streams.engine.store import SWEEP_FLUSH_KEYS, Reviser, Revision, StateStore
 from streams.progress import Progress, Stopping
 
 log = logging.getLogger(__name__)
+
+MIGRATE_CHUNK = 50_000
+"""`marks` entries moved into `keys` per write (the upgrade to per-key state)."""
 
 SWEEP_LIMIT = 50_000
 """Per table and partition, the most entries one sweep turn deletes or stamps."""
@@ -251,8 +257,7 @@ class EmitStage:
             return self.dead_letters(record, reason)
         with contextlib.suppress(ValueError):
             event = parse_keyed(item.value, item.headers)
-            seen = plan.writes.get((SEEN, item.partition), {})
-            seen.pop(dedupe_key(event, self.settings.instance(event.instance)), None)
+            unrecord(plan, event, self.settings.instance(event.instance), item.partition)
             if outcome is not None:
                 plan.outcomes[(event.instance, outcome)] -= 1
                 plan.outcomes[(event.instance, "dead_letter")] += 1
@@ -298,8 +303,11 @@ class EmitStage:
         while True:
             try:
                 restored = await self.store.restore(
-                    self.settings.kafka, partitions, {SEEN: decode_expiry, MARKS: mark_forget_at}
+                    self.settings.kafka,
+                    partitions,
+                    {SEEN: decode_expiry, KEYS: record_forget_at, MARKS: mark_forget_at},
                 )
+                await self.migrate_marks(partitions)
                 break
             except (KafkaError, KafkaException) as exc:  # Kafka away: the rest is read again
                 self.progress.trouble("emit", "restore", f"restoring state failed ({exc!r})")
@@ -334,11 +342,11 @@ class EmitStage:
             return seen_revision(key, stored, now)
 
         def revise(key: bytes, stored: bytes) -> Revision | None:
-            return mark_revision(key, stored, now, self.mark_grace)
+            return key_revision(key, stored, now, self.mark_grace)
 
         tables: tuple[tuple[str, Reviser, int], ...] = (
             (SEEN, expire, SEEN_SWEEP_SCAN),
-            (MARKS, revise, MARKS_SWEEP_SCAN),
+            (KEYS, revise, KEYS_SWEEP_SCAN),
         )
         for partition in self.store.partitions():
             for table, reviser, scan in tables:
@@ -349,30 +357,68 @@ class EmitStage:
         if not writes:
             return
 
-        def drop(record: OutRecord, reason: str) -> None:
-            assert record.partition is not None and record.key is not None
-            table = self.tables_by_changelog[record.topic]
-            writes[(table, record.partition)].pop(record.key, None)  # kept, for a later sweep
-
-        sent = await self.sender.send_all(self.store.changelog_records(writes), "sweep", drop)
-        self.store.apply(writes, sent.acknowledged)
+        await self._write_state(writes, "sweep")  # one refused is kept, for a later sweep
         for (table, partition), keys in writes.items():
             if len(keys) >= SWEEP_FLUSH_KEYS:
                 self.store.flush(table, partition)
         metrics.EXPIRED.inc(sum(len(keys) for (table, _), keys in writes.items() if table == SEEN))
         marks = [
-            value
-            for (table, _), keys in writes.items()
-            if table == MARKS
-            for value in keys.values()
+            value for (table, _), keys in writes.items() if table == KEYS for value in keys.values()
         ]
         if marks:
             log.info(
-                "forgot %d deleted keys' marks past their grace; stamped %d older ones",
+                "forgot %d keys' records past their end; stamped %d older deleted marks",
                 sum(value is None for value in marks),
                 sum(value is not None for value in marks),
             )
 
+    async def migrate_marks(self, partitions: set[int]) -> None:
+        """Per-key state's upgrade (streams.core.emitting): each `marks` entry of
+        `partitions` becomes its key's `keys` record (unless the key has one, written since),
+        then is tombstoned. Once per partition, in bounded chunks; a partition without marks
+        costs one seek. Interrupted, it starts over where `marks` still has entries."""
+        for partition in sorted(partitions):
+            moved = 0
+            while True:
+                chunk = self.store.entries(MARKS, partition, MIGRATE_CHUNK)
+                if not chunk:
+                    break
+                records: dict[bytes, bytes | None] = {}
+                for key, stored in chunk:
+                    if self.store.get(KEYS, partition, key) is None:
+                        record = migrated_mark(key, stored)
+                        if record is not None:
+                            records[key] = record
+                await self._write_state({(KEYS, partition): records}, "migrate")
+                tombstones: dict[bytes, bytes | None] = dict.fromkeys(
+                    (key for key, _ in chunk), None
+                )
+                await self._write_state({(MARKS, partition): tombstones}, "migrate")
+                moved += len(chunk)
+            if moved:
+                self.store.flush(MARKS, partition)
+                log.warning(
+                    "state of partition %d: %d marks moved into per-key records (once, on "
+                    "the upgrade to per-key state)",
+                    partition,
+                    moved,
+                )
+
+    async def _write_state(
+        self, writes: dict[tuple[str, int], dict[bytes, bytes | None]], what: str
+    ) -> None:
+        """Write state changes to the changelog, then locally; a record Kafka refuses is
+        left out of both (the state stays what the changelog says)."""
+
+        def drop(record: OutRecord, reason: str) -> None:
+            assert record.partition is not None and record.key is not None
+            table = self.tables_by_changelog[record.topic]
+            writes[(table, record.partition)].pop(record.key, None)
+            log.error("dropped a %s record Kafka refused (%s): %s", what, table, reason)
+
+        sent = await self.sender.send_all(self.store.changelog_records(writes), what, drop)
+        self.store.apply(writes, sent.acknowledged)
+
     def mark_grace(self, key: bytes) -> float:
-        """The grace of a `marks` key's instance (streams.core.emitting.deleted_mark_grace)."""
+        """The grace of a `keys` record's instance (streams.core.emitting.deleted_mark_grace)."""
         return deleted_mark_grace(self.settings, mark_instance(key))

@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 
 from streams import metrics
 from streams.config import Settings
-from streams.core.emitting import MARKS, SEEN
+from streams.core.emitting import KEYS, MARKS, SEEN
 from streams.engine.batches import Batch
 from streams.engine.librdkafka.consumer import RdBatchLoop, consumer_config
 from streams.engine.librdkafka.group_config import configure_stage_groups
@@ -31,7 +31,13 @@ from streams.engine.membership import Departure
 from streams.engine.offsets import adopt_committed_offsets
 from streams.engine.outcomes import DeadLetters
 from streams.engine.store import StateStore
-from streams.engine.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, topology
+from streams.engine.topics import (
+    KEYS_TABLE,
+    MARKS_TABLE,
+    SEEN_TABLE,
+    changelog_topic,
+    topology,
+)
 from streams.progress import Progress, StallWatch
 from streams.stages.emit import EmitStage
 from streams.stages.normalize import NormalizeStage
@@ -86,6 +92,7 @@ class Pipeline:
         self.store = StateStore(
             stream.data_dir / f"{stream.app_id}-state",
             {
+                KEYS: changelog_topic(settings, KEYS_TABLE),
                 SEEN: changelog_topic(settings, SEEN_TABLE),
                 MARKS: changelog_topic(settings, MARKS_TABLE),
             },

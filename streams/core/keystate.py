@@ -1,0 +1,185 @@
+"""The emit stage's state of one object key, pure: one record per (instance, scope, bucket, key).
+
+Everything stage two decides about a key's event is in one record, so that an event costs one
+state read and one changelog record (streams.core.emitting):
+
+* `mark`: the ordering mark of the newest event emitted for the key (streams.core.ordering);
+* `ids`: the key's recent event ids and their absolute expiry (the dedupe TTL of the instance
+  from when each was first handled, never extended). Dedupe per key is dedupe per id: an id
+  names one change of one object, and every change of a key is in the key's partition;
+* `etag`: the ETag of the newest event emitted, for reconcile's comparison with a listing;
+* `spill_until`: when this key's ids outgrew `RECENT_IDS`, the latest expiry among those moved
+  out to the `seen` table. Until then a miss in `ids` also reads `seen` (a hot key's second
+  read); a key changed a million times a day keeps a record of bounded size, and writing it
+  costs the same on its millionth change as on its first.
+
+The record is JSON (orjson), its fields short:
+
+    {"m": <Mark.to_json()>, "e": "<etag>", "i": [["<id>", <expiry>], ["<id>", <expiry>, 1]],
+     "s": <spill_until>, "x": <forget_at>}
+
+An id entry's third element marks an id of reconcile's own scope (streams.core.emitting
+`id_scope`): a listing's id never takes a provider's, even under one key. `x` is the record's
+own end, written only when nothing in it is kept for good (no mark, or a deleted key's):
+the latest of the mark's `forget_at`, the ids' expiries and `spill_until`. Past it the record
+is as if absent: a restore skips it (`record_forget_at`) and the sweep deletes it. A live
+key's record has no `x` and stays (its mark is what makes an older copy of it stale).
+
+Reconcile reads these records (compacted in their changelog) to learn, per key, what the stream
+emitted last: present or deleted, its ETag and its ordering token.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from streams.core.ordering import Mark
+
+RECENT_IDS = 8
+"""Ids kept in a key's record; older live ones move to `seen` (`spill_until`). Redeliveries
+come within minutes of the change; eight changes of one key inside that is a hot key."""
+FORGETTABLE_MARKER = b'"x":'
+"""In every stored record that can end (`x`): records without it are skipped unparsed by the
+sweep and the restore."""
+
+
+@dataclass(slots=True)
+class KeyState:
+    """One key's state, decoded (`decode`) and written back once per batch (`encode`)."""
+
+    mark: Mark | None = None
+    ids: list[list[Any]] = field(default_factory=list)
+    """[id, expiry] or [id, expiry, 1] (a reconcile id), oldest first."""
+    etag: str | None = None
+    spill_until: float | None = None
+
+    def seen(self, event_id: str, reconcile: bool, now: float) -> bool:
+        """Whether `event_id` (of reconcile's scope or not) is a live id of this key."""
+        for entry in self.ids:
+            if entry[0] == event_id and (len(entry) > 2) == reconcile and entry[1] > now:
+                return True
+        return False
+
+    def spilled(self, now: float) -> bool:
+        """Whether ids of this key were moved to `seen` and may still be live there."""
+        return self.spill_until is not None and self.spill_until > now
+
+    def remember(
+        self, event_id: str, reconcile: bool, expires_at: float, now: float
+    ) -> list[list[Any]]:
+        """Record a new id; drop expired ones and return those that no longer fit
+        (`RECENT_IDS`), oldest first, for the caller to spill to `seen`."""
+        entry: list[Any] = [event_id, expires_at, 1] if reconcile else [event_id, expires_at]
+        ids = [old for old in self.ids if old[1] > now] if self.ids else []
+        ids.append(entry)
+        spilled: list[list[Any]] = []
+        if len(ids) > RECENT_IDS:
+            spilled = ids[: len(ids) - RECENT_IDS]
+            ids = ids[len(ids) - RECENT_IDS :]
+            latest = max(old[1] for old in spilled)
+            if self.spill_until is None or latest > self.spill_until:
+                self.spill_until = latest
+        self.ids = ids
+        return spilled
+
+    def forget(self, event_id: str, reconcile: bool) -> None:
+        """Take `event_id` out again (its output was refused: a replay is no duplicate)."""
+        self.ids = [
+            entry
+            for entry in self.ids
+            if not (entry[0] == event_id and (len(entry) > 2) == reconcile)
+        ]
+
+    def forget_at(self) -> float | None:
+        """When the whole record may go; None while it holds a live key's mark (kept)."""
+        mark = self.mark
+        if mark is not None and (mark.type != "deleted" or mark.forget_at is None):
+            return None
+        ends = [entry[1] for entry in self.ids]
+        if mark is not None and mark.forget_at is not None:
+            ends.append(mark.forget_at)
+        if self.spill_until is not None:
+            ends.append(self.spill_until)
+        return max(ends) if ends else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        if self.mark is not None:
+            data["m"] = self.mark.to_json()
+        if self.etag is not None:
+            data["e"] = self.etag
+        if self.ids:
+            data["i"] = self.ids
+        if self.spill_until is not None:
+            data["s"] = self.spill_until
+        ends = self.forget_at()
+        if ends is not None:
+            data["x"] = ends
+        return data
+
+
+def encode(state: KeyState) -> bytes:
+    data = state.to_json()
+    try:
+        return orjson.dumps(data)
+    except TypeError:  # orjson stops at 64-bit integers; a GCS token may be longer
+        return json.dumps(data, separators=(",", ":")).encode()
+
+
+def _loads(stored: bytes) -> object:
+    try:
+        return orjson.loads(stored)
+    except orjson.JSONDecodeError:
+        return json.loads(stored)  # integers past 64 bits, which only json reads
+
+
+def decode(stored: bytes | None) -> KeyState:
+    """The stored record; a missing or unreadable one is an empty state (no mark: unknown
+    order passes; no ids: nothing is a duplicate)."""
+    if stored is None:
+        return KeyState()
+    try:
+        data = _loads(stored)
+    except (ValueError, TypeError):
+        return KeyState()
+    if not isinstance(data, dict):
+        return KeyState()
+    mark_data = data.get("m")
+    mark = Mark.from_json(mark_data) if isinstance(mark_data, dict) else None
+    ids = data.get("i")
+    if not isinstance(ids, list) or not all(_id_entry(entry) for entry in ids):
+        ids = []
+    etag = data.get("e")
+    spill = data.get("s")
+    return KeyState(
+        mark=mark,
+        ids=ids,
+        etag=etag if isinstance(etag, str) else None,
+        spill_until=float(spill) if isinstance(spill, int | float) else None,
+    )
+
+
+def _id_entry(entry: object) -> bool:
+    return (
+        isinstance(entry, list)
+        and len(entry) in (2, 3)
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], int | float)
+    )
+
+
+def record_forget_at(stored: bytes) -> float | None:
+    """When a stored record is forgotten, None if never (a live key's): the restore's expiry
+    reader, and the sweep's test. Parses only records that carry `x`."""
+    if FORGETTABLE_MARKER not in stored:
+        return None
+    try:
+        data = _loads(stored)
+    except (ValueError, TypeError):
+        return None
+    ends = data.get("x") if isinstance(data, dict) else None
+    return float(ends) if isinstance(ends, int | float) else None
