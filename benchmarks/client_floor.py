@@ -6,10 +6,12 @@ it decides anything, for the pipeline's exact record counts on the same filled t
 * stage one: consume each delivery, produce it (its bytes unchanged, standing in for the event
   JSON) to a repartition topic keyed by its object key, one transaction per batch with its
   offsets (KIP-447);
-* stage two: consume each keyed record; for an event the pipeline emits, two RocksDB reads
-  (its dedupe id, its key's mark), the output record and the two changelog records (seen,
-  marks) in the batch's transaction, and the two state writes in one write batch after it
-  commits; for a duplicate, nothing but the consume.
+* stage two: consume each keyed record; for an event the pipeline emits, one RocksDB read (its
+  key's record: mark and recent ids, streams.core.keystate), the output record and one
+  changelog record in the batch's transaction, and one state write in a write batch after it
+  commits; for a duplicate, nothing but the consume. `two_tables=True` makes the calls of the
+  design before per-key state instead (two reads, two changelog records, two writes: `seen`
+  and `marks`), for comparison.
 
 Which records are duplicates is decided before the timed run, from the workload (the first
 delivery of each change is emitted), so the loop makes only the calls. Both stages share one
@@ -75,6 +77,7 @@ def client_floor(
     count: int,
     emitted: int,
     timeout_s: float = 900.0,
+    two_tables: bool = False,
 ) -> LoopRun:
     """Run both stages over `count` deliveries of `source` until `emitted` outputs are out.
 
@@ -121,14 +124,15 @@ def client_floor(
                     if value not in pending:
                         continue  # a duplicate: the pipeline writes nothing for it
                     pending.discard(value)
-                    seen_id = b"seen/" + key + value[-16:]
-                    db.get(seen_id)
                     db.get(key)
                     two.producer.produce(output, value, key, headers=message.headers())
-                    two.producer.produce(seen_log, b"expiry", seen_id)
-                    two.producer.produce(marks_log, b"mark", key)
-                    writes.put(seen_id, b"expiry")
-                    writes.put(key, b"mark")
+                    two.producer.produce(marks_log, b"record", key)
+                    writes.put(key, b"record")
+                    if two_tables:
+                        seen_id = b"seen/" + key + value[-16:]
+                        db.get(seen_id)
+                        two.producer.produce(seen_log, b"expiry", seen_id)
+                        writes.put(seen_id, b"expiry")
                     written += 1
                 two.commit()
                 db.write(writes)

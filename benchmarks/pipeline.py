@@ -767,7 +767,8 @@ def main() -> int:
                 len(firsts),
             )
             print(
-                f"client floor (the pipeline's Kafka and RocksDB calls, no decisions): "
+                f"client floor (the pipeline's Kafka and RocksDB calls, no decisions; per-key "
+                f"state: one read, one changelog record per emitted event): "
                 f"{bare.rate:,.0f} events/s; bench process {per_delivery(bare.cpu_seconds, count)}",
                 flush=True,
             )

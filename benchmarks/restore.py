@@ -2,7 +2,7 @@
 
     python -m benchmarks.restore [--ids 1000000] [--partitions 4] [--ttl 24h]
                                  [--expiry-ids N] [--expiry-ttl 60s] [--sweep-interval 2]
-                                 [--marks N]
+                                 [--keys N]
 
 On the real broker (KAFKA_BOOTSTRAP_SERVERS, else the local broker of `make kafka`), for a
 fresh app id: create the stream's topics (`streams.engine.topics.topology`, so the `seen` changelog
@@ -34,13 +34,16 @@ partitions. Then:
    hold no id; the disk it still uses is reported. The TTL must exceed the fill, the
    restore and the restart, or ids expire before they are swept.
 
-5. Marks (`--marks N`, default 0 = skipped): a fourth app id whose `marks` changelog is filled
-   with N ordering marks of live keys in the format `streams.core.emitting` writes (key
-   `<instance>|s3|<bucket>/<key>` with an S3-like object key, value the JSON mark of an S3
-   `created` with its sequencer padded to 64 hex digits), its `seen` changelog left empty. A
-   worker restores them into an empty state directory (timed as in 1, less the empty start),
-   is stopped, and the `marks-*.db` files are summed: bytes on disk per live key, next to
-   the mean changelog record (key + value) per key. Then a restart on the kept directory.
+5. Keys (`--keys N`, default 0 = skipped): a fourth app id whose `keys` changelog is filled
+   with N records of live keys each changed once, in the format `streams.core.keystate`
+   writes (key `<instance>|s3|<bucket>/<key>` with an S3-like object key; value the record:
+   the mark of an S3 `created` with its sequencer padded to 64 hex digits, its one id with
+   its expiry, its ETag), its `seen` changelog left empty: what the stream knows of a key,
+   whole (before per-key state, a key changed once was a `marks` entry and a `seen` entry:
+   compare with the first phase plus this one on that version, `--marks N`). A worker
+   restores them into an empty state directory (timed as in 1, less the empty start), is
+   stopped, and the `keys-*.db` files are summed: bytes on disk per live key, next to the
+   mean changelog record (key + value) per key. Then a restart on the kept directory.
 
 Prints its lines (`run` returns them); progress goes to stderr. The topics it created are
 deleted at the end. Other benchmarks may run on the same machine: timings are noisy. A
@@ -67,7 +70,6 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
 import rocksdict
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -83,17 +85,18 @@ from benchmarks.harness import (
 )
 from streams.config import Settings, load_settings, parse_duration
 from streams.core.emitting import (
-    MARKS,
-    MARKS_SWEEP_SCAN,
+    KEYS,
+    KEYS_SWEEP_SCAN,
     deleted_mark_grace,
     encode_expiry,
-    mark_revision,
+    key_revision,
     seen_key,
 )
+from streams.core.keystate import KeyState, encode
 from streams.core.normalizers.base import derived_id
 from streams.core.ordering import Mark
 from streams.engine.store import Revision, StateStore
-from streams.engine.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
+from streams.engine.topics import KEYS_TABLE, SEEN_TABLE, changelog_topic, ensure_topics, topology
 
 INSTANCE = "default"
 EXPIRED_METRIC = "storage_events_dedupe_expired_total"
@@ -164,7 +167,8 @@ class MarksFill:
 
 
 def benchmark_mark(index: int) -> tuple[bytes, bytes]:
-    """The `marks` entry of a live S3 key, as `streams.core.emitting` records it."""
+    """The `keys` record of a live S3 key changed once, as `streams.core.emitting` records
+    it: its mark, its one id, its ETag."""
     digest = derived_id("s3", "marks-benchmark", index)[3:]
     key = f"{INSTANCE}|s3|restore-benchmark/data/{digest[:2]}/{digest[2:10]}/{index}.parquet"
     sequencer = f"{(index * 7919) & 0xFFFFFFFFFFFFFFFF:016X}00"  # S3's: 18 hex digits
@@ -175,11 +179,16 @@ def benchmark_mark(index: int) -> tuple[bytes, bytes]:
         event_id=derived_id("s3", "marks-benchmark-event", index),
         type="created",
     )
-    return key.encode(), orjson.dumps(mark.to_json())
+    record = KeyState(
+        mark=mark,
+        ids=[[mark.event_id, time.time() + 86_400]],
+        etag=derived_id("s3", "etag", index)[3:35],
+    )
+    return key.encode(), encode(record)
 
 
 async def fill_marks(bootstrap: str, topic: str, partitions: int, keys: int) -> MarksFill:
-    """Write `keys` ordering marks of live keys to the `marks` changelog."""
+    """Write `keys` records of live keys to the `keys` changelog."""
     producer = AIOKafkaProducer(
         **kafka_args(bootstrap),
         acks="all",
@@ -200,7 +209,7 @@ async def fill_marks(bootstrap: str, topic: str, partitions: int, keys: int) -> 
                 await asyncio.gather(*chunk)
                 chunk = []
                 if index % 1_000_000 < 50_000:
-                    progress(f"marks: {index + 1:,} written")
+                    progress(f"keys: {index + 1:,} written")
         await asyncio.gather(*chunk)
         await producer.flush()
     finally:
@@ -526,18 +535,18 @@ def marks_phase(
     keys: int,
     timeout_s: float,
 ) -> Marks:
-    """Fill the `marks` changelog, restore it into an empty state directory, stop (the
+    """Fill the `keys` changelog, restore it into an empty state directory, stop (the
     store flushes), size the databases, and start again on the kept directory."""
     fill = asyncio.run(fill_marks(bootstrap, topic, partitions, keys))
-    progress(f"marks: wrote {keys:,} marks to {topic} in {fill.seconds:.1f} s")
+    progress(f"keys: wrote {keys:,} records to {topic} in {fill.seconds:.1f} s")
     worker = Worker(bootstrap, config, workdir / "marks-state", workdir / "marks.log")
     state_dir = worker.state_dir(app_id)
     try:
         cold = worker.start(timeout_s)
-        progress(f"marks: restored {keys:,} marks; ready after {cold.ready_s:.1f} s")
+        progress(f"keys: restored {keys:,} records; ready after {cold.ready_s:.1f} s")
         stop_s = worker.stop()
-        disk = disk_usage(state_dir, MARKS_TABLE)
-        live = live_ids(state_dir, MARKS_TABLE)
+        disk = disk_usage(state_dir, KEYS_TABLE)
+        live = live_ids(state_dir, KEYS_TABLE)
         scan_s, scanned = sweep_scan(state_dir, settings_of(config))
         warm = worker.start(timeout_s)
     finally:
@@ -550,9 +559,9 @@ def settings_of(config: Path) -> Settings:
 
 
 def sweep_scan(state_dir: Path, settings: Settings) -> tuple[float, int]:
-    """Time what a sweep does to partition 0's marks, read through to the end (the worker
-    reads `streams.core.emitting.MARKS_SWEEP_SCAN` per sweep): (seconds, marks read)."""
-    store = StateStore(state_dir, {MARKS: changelog_topic(settings, MARKS_TABLE)})
+    """Time what a sweep does to partition 0's key records, read through to the end (the
+    worker reads `streams.core.emitting.KEYS_SWEEP_SCAN` per sweep): (seconds, read)."""
+    store = StateStore(state_dir, {KEYS: changelog_topic(settings, KEYS_TABLE)})
     store.open([0])
     read = 0
     now = time.time()
@@ -560,11 +569,11 @@ def sweep_scan(state_dir: Path, settings: Settings) -> tuple[float, int]:
     def revise(key: bytes, value: bytes) -> Revision | None:
         nonlocal read
         read += 1
-        return mark_revision(key, value, now, lambda key: deleted_mark_grace(settings, INSTANCE))
+        return key_revision(key, value, now, lambda key: deleted_mark_grace(settings, INSTANCE))
 
     try:
         started = time.perf_counter()
-        store.revisions(MARKS, 0, 50_000, revise)
+        store.revisions(KEYS, 0, 50_000, revise)
         return time.perf_counter() - started, read
     finally:
         store.close()
@@ -574,25 +583,25 @@ def marks_lines(marks: Marks, empty: Start) -> list[str]:
     keys = marks.keys
     restore_s = marks.cold.ready_s - empty.ready_s
     lines = [
-        f"marks: {keys:,} live keys written to the marks changelog in {marks.fill.seconds:.1f} s "
+        f"keys: {keys:,} live keys written to the keys changelog in {marks.fill.seconds:.1f} s "
         f"({keys / marks.fill.seconds:,.0f}/s); changelog record (key + value) "
         f"{marks.fill.record_bytes / keys:.1f} bytes per key",
-        f"marks restore: ready after {marks.cold.ready_s:.1f} s with an empty state dir, less "
+        f"keys restore: ready after {marks.cold.ready_s:.1f} s with an empty state dir, less "
         f"the empty start ({empty.ready_s:.1f} s) = {restore_s:.1f} s for {keys:,} keys = "
         f"{restore_s / keys * 1_000_000:.1f} s per million; worker RSS at ready "
         f"{mib(marks.cold.rss)} (peak {mib(marks.cold.rss_peak)})",
-        f"marks on disk after a clean stop ({marks.stop_s:.1f} s from SIGTERM to exit): "
+        f"keys on disk after a clean stop ({marks.stop_s:.1f} s from SIGTERM to exit): "
         f"{marks.live:,} live keys (counted read-only), {marks.disk.total:,} bytes = "
         f"{marks.disk.total / keys:.1f} per live key (SST only "
         f"{marks.disk.size.get('SST', 0) / keys:.1f})",
     ]
     lines += disk_lines(marks.disk, keys)
     lines.append(
-        f"marks sweep: reading partition 0's {marks.scanned:,} marks took {marks.scan_s:.1f} s "
-        f"= {marks.scan_s / max(marks.scanned, 1) * 1e6:.1f} us per mark (a sweep reads "
-        f"{MARKS_SWEEP_SCAN:,} per partition)"
+        f"keys sweep: reading partition 0's {marks.scanned:,} records took {marks.scan_s:.1f} s "
+        f"= {marks.scan_s / max(marks.scanned, 1) * 1e6:.1f} us per record (a sweep reads "
+        f"{KEYS_SWEEP_SCAN:,} per partition)"
     )
-    lines.append(f"marks: restart on the kept state dir ready after {marks.warm.ready_s:.1f} s")
+    lines.append(f"keys: restart on the kept state dir ready after {marks.warm.ready_s:.1f} s")
     return lines
 
 
@@ -627,7 +636,7 @@ def run(
     marks: int = 0,
 ) -> list[str]:
     """Measure, print and return the lines. `expiry_ids` (default `ids`) ids go through the
-    TTL phase with `expiry_ttl`; 0 skips it. `marks` live keys' marks go through the marks
+    TTL phase with `expiry_ttl`; 0 skips it. `marks` live keys' records go through the keys
     phase; 0 skips it."""
     expiry_ids = ids if expiry_ids is None else expiry_ids
     workdir = Path(tempfile.mkdtemp(prefix="storage-events-restore-"))
@@ -648,7 +657,7 @@ def run(
         if expiry_ids:
             phases.append((f"restore-ttl-{suffix}", expiry_ttl, sweep_interval_s))
         if marks:
-            phases.append((f"restore-marks-{suffix}", ttl, 30.0))
+            phases.append((f"restore-keys-{suffix}", ttl, 30.0))
         loaded = []
         marks_topic = ""
         for app_id, app_ttl, interval in phases:
@@ -658,7 +667,7 @@ def run(
             asyncio.run(ensure_topics(kafka_settings(bootstrap), specs, retry_for_s=60))
             created += [spec.name for spec in specs] + [f"{app_id}-__assignor-__leader"]
             loaded.append((app_id, config, changelog_topic(settings, SEEN_TABLE)))
-            marks_topic = changelog_topic(settings, MARKS_TABLE)
+            marks_topic = changelog_topic(settings, KEYS_TABLE)
         (app_id, config, seen_topic), (_, empty_config, _) = loaded[:2]
 
         fill = asyncio.run(
@@ -837,10 +846,10 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=900.0, help="per start, seconds")
     parser.add_argument(
-        "--marks",
+        "--keys",
         type=int,
         default=0,
-        help="live keys' ordering marks of the marks phase (default 0: skipped)",
+        help="live keys' records of the keys phase (default 0: skipped)",
     )
     args = parser.parse_args()
     # Stopped early: still delete the topics and stop the worker (the finally blocks).
@@ -854,7 +863,7 @@ def main() -> None:
         expiry_ttl=args.expiry_ttl,
         sweep_interval_s=args.sweep_interval,
         timeout_s=args.timeout,
-        marks=args.marks,
+        marks=args.keys,
     )
 
 

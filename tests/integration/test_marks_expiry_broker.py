@@ -3,14 +3,14 @@
 Two instances with the default grace (each one's `dedupe_ttl`): `brief` with a grace of
 4 s, `kept` with one of an hour. For both, a create and then a newer delete of one key. The
 `kept` key's late create (older than its delete) goes to the stale topic, within the grace.
-The `brief` key's mark is tombstoned on the `marks` changelog by the sweeper once its grace
+The `brief` key's record is tombstoned on the `keys` changelog by the sweeper once its grace
 is over (awaited). Then a second worker restores from the changelogs into an empty state
 directory (what the changelogs hold is all it knows) and a late create older than the
 delete is emitted for `brief` as if new, while one for `kept` is still stale.
 
-The upgrade: marks in the format of the previous version (no time to be forgotten), under
-scoped and pre-scope keys, are stamped by the sweeper and then tombstoned; a live key's is
-left alone.
+The upgrade: marks in the format of a previous version (no time to be forgotten), under
+scoped and pre-scope keys, are moved into `keys` records, stamped by the sweeper and then
+tombstoned; a live key's is moved and left alone.
 """
 
 from __future__ import annotations
@@ -30,8 +30,15 @@ from support.worker import Topology, Worker, wait_for
 from streams.config import Settings
 from streams.core.emitting import mark_key
 from streams.core.event import FileEvent
+from streams.core.keystate import decode
 from streams.core.ordering import Mark
-from streams.engine.topics import MARKS_TABLE, changelog_topic, ensure_topics, topology
+from streams.engine.topics import (
+    KEYS_TABLE,
+    MARKS_TABLE,
+    changelog_topic,
+    ensure_topics,
+    topology,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -80,7 +87,7 @@ def test_a_deleted_keys_mark_is_forgotten_after_its_grace(
 ) -> None:
     names = Topology()
     config = names.config(INSTANCES, extra="dedupe_sweep_interval_s = 0.5")
-    marks_topic = changelog_topic(names.settings(INSTANCES), MARKS_TABLE)
+    marks_topic = changelog_topic(names.settings(INSTANCES), KEYS_TABLE)
     brief_key, kept_key = f"gone-{uuid.uuid4().hex[:8]}", f"kept-{uuid.uuid4().hex[:8]}"
 
     def mark_of(instance: str, bucket: str, key: str) -> bytes:
@@ -158,14 +165,16 @@ def test_a_deleted_keys_mark_is_forgotten_after_its_grace(
 def test_marks_written_before_marks_expired_are_stamped_then_forgotten(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
-    """The upgrade: a changelog holding marks as the previous version wrote them (no time to
-    be forgotten), under scoped and pre-scope keys. The sweeper stamps the deleted keys'
-    marks, tombstones them a grace later, and leaves the live key's mark as it was."""
+    """The upgrade: a `marks` changelog as the previous versions wrote it (no time to be
+    forgotten; scoped and pre-scope keys). The new worker moves each mark into its key's
+    `keys` record and tombstones it in `marks`; the sweeper stamps the deleted keys' records,
+    tombstones them a grace later, and leaves the live key's record as it was moved."""
     names = Topology()
     instances = [{"name": "default", "dedupe_ttl": "3s"}]
     config = names.config(instances, extra="dedupe_sweep_interval_s = 0.5")
     settings = names.settings(instances)
     marks_topic = changelog_topic(settings, MARKS_TABLE)
+    keys_topic = changelog_topic(settings, KEYS_TABLE)
     deleted = Mark("aws-sequencer", (DELETE.ljust(64, "0"),), 1.8e9, "s3:x", "deleted")
     live = Mark("aws-sequencer", (CREATE.ljust(64, "0"),), 1.8e9, "s3:y", "created")
     old_deleted = json.dumps(deleted.to_json()).encode()
@@ -181,21 +190,25 @@ def test_marks_written_before_marks_expired_are_stamped_then_forgotten(
         )
     )
 
-    def history(key: bytes) -> list[bytes | None]:
-        return [read.value for read in changelog(kafka_bootstrap, marks_topic, key)]
+    def history(topic: str, key: bytes) -> list[bytes | None]:
+        return [read.value for read in changelog(kafka_bootstrap, topic, key)]
 
     def tombstoned(key: bytes) -> bool:
-        return history(key)[-1:] == [None]
+        return history(keys_topic, key)[-1:] == [None]
 
     worker = Worker(kafka_bootstrap, config, tmp_path / "upgraded").start()
     try:
         for key in (scoped, legacy):
             wait_for(partial(tombstoned, key), 60, f"{key!r} stamped, then tombstoned", 0.5)
-            values = history(key)
-            assert values[0] == old_deleted
-            stamped = Mark.from_json(json.loads(values[-2] or b"{}"))
-            assert stamped.forget_at is not None and stamped.type == "deleted"
-        assert history(live_key) == [old_live]
+            values = history(keys_topic, key)
+            moved, stamped = decode(values[0]).mark, decode(values[-2]).mark
+            assert moved == deleted  # as it was in `marks`
+            assert stamped is not None and stamped.type == "deleted"
+            assert stamped.forget_at is not None
+        for key, value in ((scoped, old_deleted), (legacy, old_deleted), (live_key, old_live)):
+            assert history(marks_topic, key) == [value, None]  # moved, then tombstoned
+        [moved_live] = history(keys_topic, live_key)
+        assert decode(moved_live).mark == live
     finally:
         assert worker.stop() == 0, worker.tail()
 
