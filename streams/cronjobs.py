@@ -142,7 +142,12 @@ def _pod(command: list[str], part: str, kafka_user: str) -> dict[str, Any]:
                 "envFrom": [
                     {"configMapRef": {"name": "storage-events-env"}},
                     {"secretRef": {"name": f"storage-events-listing-{part}"}},
-                    {"secretRef": {"name": f"storage-events-kafka-reconcile-{part}", "optional": True}},
+                    {
+                        "secretRef": {
+                            "name": f"storage-events-kafka-reconcile-{part}",
+                            "optional": True,
+                        }
+                    },
                 ],
                 "env": [{"name": "STREAMS_CONFIG", "value": "/etc/storage-events/streams.toml"}],
                 "resources": {

@@ -15,6 +15,7 @@ for before it calls a run missing (k8s/monitoring/prometheusrule.yaml).
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -95,7 +96,7 @@ def _field(text: str, field: int) -> tuple[frozenset[int], bool]:
             raise ScheduleError(f"{name}: a step of 0")
         if span in ("*", "?"):
             first, last = low, high
-            restricted = restricted and step_text is not None
+            restricted = False  # robfig/cron: `*` and `*/n` leave the other day field in charge
         elif "-" in span:
             start, _, end = span.partition("-")
             first, last = _value(start, field), _value(end, field)
@@ -141,9 +142,9 @@ def longest_gap_s(text: str) -> int:
     """The longest time between two consecutive runs, in seconds."""
     schedule = parse(text)
     times = sorted(hour * 60 + minute for hour in schedule.hours for minute in schedule.minutes)
-    gap = max((later - earlier for earlier, later in zip(times, times[1:])), default=0)
+    gap = max((later - earlier for earlier, later in itertools.pairwise(times)), default=0)
     run_days = [index for index, day in enumerate(_days()) if schedule.runs_on(day)]
-    for earlier, later in zip(run_days, run_days[1:]):
+    for earlier, later in itertools.pairwise(run_days):
         gap = max(gap, (later - earlier) * 1440 + times[0] - times[-1])
     if len(run_days) == 1:  # Feb 29 only: once in a leap cycle
         gap = max(gap, 4 * 365 * 1440)

@@ -59,7 +59,12 @@ def test_the_shipped_cronjobs_are_what_the_command_prints(
 
 def test_an_instance_whose_sources_name_supabase_is_reconciled_hourly_by_default() -> None:
     config = settings(
-        {"name": "photos", "bucket": "p", "sources": ["supabase"], "reconcile_endpoint_url": SUPABASE},
+        {
+            "name": "photos",
+            "bucket": "p",
+            "sources": ["supabase"],
+            "reconcile_endpoint_url": SUPABASE,
+        },
         {"name": "plain", "bucket": "q"},  # every source: not by default
         {"name": "s3-only", "bucket": "r", "sources": ["s3"]},
     )
@@ -95,7 +100,12 @@ def test_the_schedule_is_turned_on_off_or_set_per_instance() -> None:
             "sources": ["supabase"],
             "reconcile_schedule": False,
         },
-        {"name": "every-15-min", "bucket": "b", "sources": ["s3"], "reconcile_schedule": "*/15 * * * *"},
+        {
+            "name": "every-15-min",
+            "bucket": "b",
+            "sources": ["s3"],
+            "reconcile_schedule": "*/15 * * * *",
+        },
         {"name": "on", "bucket": "c", "reconcile_schedule": True},
     )
     assert config.instance("off").reconcile_cron is None
@@ -120,8 +130,14 @@ def test_the_schedule_is_turned_on_off_or_set_per_instance() -> None:
             "instances.0.reconcile_schedule: minute: 61 is outside 0-59 (or false for no "
             "scheduled reconcile)",
         ),
-        ({"reconcile_schedule": "0 * * *"}, "instances.0.reconcile_schedule: '0 * * *': five fields"),
-        ({"reconcile_schedule": "0 0 31 2 *"}, "instances.0.reconcile_schedule: '0 0 31 2 *' never runs"),
+        (
+            {"reconcile_schedule": "0 * * *"},
+            "instances.0.reconcile_schedule: '0 * * *': five fields",
+        ),
+        (
+            {"reconcile_schedule": "0 0 31 2 *"},
+            "instances.0.reconcile_schedule: '0 0 31 2 *' never runs",
+        ),
         ({"reconcile_schedule": "TZ=UTC 0 * * * *"}, "instances.0.reconcile_schedule: a time zone"),
         ({"reconcile_schedule": 5}, "instances.0.reconcile_schedule"),
         ({"reconcile_endpoint_url": "project.supabase.co"}, "instances.0.reconcile_endpoint_url: "),
