@@ -170,6 +170,13 @@ class RunMetrics:
         return None
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("metrics")
     group.add_argument(
@@ -180,7 +187,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--expected-interval",
-        type=float,
+        type=_seconds,
         metavar="S",
         help="the longest gap between two scheduled runs, pushed for the missing-run alert",
     )

@@ -6,6 +6,7 @@ k8s/components/reconcile/cronjobs.yaml exactly what the command prints.
 
 from __future__ import annotations
 
+import re
 import shlex
 import zlib
 from pathlib import Path
@@ -221,3 +222,27 @@ def test_a_name_kubernetes_refuses_becomes_a_readable_part_and_a_hash() -> None:
     long = slug("a-very-long-instance-name-that-goes-on")
     assert len("storage-events-reconcile-" + long) <= 52
     assert long.startswith("a-very-long-instance")
+
+
+@pytest.mark.parametrize("version", ("1.28", "1.37"))
+def test_generated_cronjobs_are_valid_kubernetes(version: str) -> None:
+    """Beyond the shipped file (tests/k8s renders it): a Supabase default, a custom schedule,
+    and a name Kubernetes refuses as it is, against Kubernetes' own schemas (strict)."""
+    import kubernetes_validate
+
+    config = settings(
+        {
+            "name": "photos",
+            "bucket": "p",
+            "sources": ["supabase"],
+            "reconcile_endpoint_url": SUPABASE,
+        },
+        {"name": "Tenant_With.A-Very-Long-Name", "bucket": "b", "reconcile_schedule": "@daily"},
+        {"name": "box", "sources": ["box"], "reconcile_schedule": "*/5 * * * *"},  # no buckets
+    )
+    jobs = cronjobs(config)
+    assert len(jobs) == 3
+    for job in jobs:
+        kubernetes_validate.validate(job, version, strict=True)
+        name = job["metadata"]["name"]
+        assert len(name) <= 52 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name), name
