@@ -46,7 +46,7 @@ $(STAMP): pyproject.toml $(if $(VENV_WRONG),venv) | venv
 
 # What only the tests need, one prerequisite per tool; each says what it installs when it
 # does (`make test: installing ...`), and nothing when it is there already.
-test-deps: $(TEST_STAMP) node_modules/.installed redis-server promtool pubsub-fake
+test-deps: $(TEST_STAMP) node_modules/.installed redis-server promtool pushgateway pubsub-fake
 
 # Names only, for the lines that say what is installed (read from the files that pin them).
 PY_TEST_TOOLS = $(shell $(PYTHON) -c 'import re, tomllib; print(", ".join(re.split(r"[^A-Za-z0-9._-]", r)[0] for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["test"]))')
@@ -83,6 +83,15 @@ promtool:
 	  echo "make test: installing prometheus (Debian package, apt-get: promtool and the server) for the k8s/monitoring tests"; \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; \
 	  else echo "promtool/prometheus are missing: run 'sudo apt-get install --no-install-recommends prometheus', then make again" >&2; exit 1; fi; }
+
+# Debian's Prometheus Pushgateway, where reconcile runs push their metrics
+# (tests/support/pushgateway.py; the tests run it on a free port, without persistence).
+.PHONY: pushgateway
+pushgateway:
+	@command -v prometheus-pushgateway >/dev/null || { \
+	  echo "make test: installing prometheus-pushgateway (Debian package, apt-get) for the reconcile metrics tests"; \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus-pushgateway; \
+	  else echo "prometheus-pushgateway is missing: run 'sudo apt-get install --no-install-recommends prometheus-pushgateway', then make again" >&2; exit 1; fi; }
 
 # Google's Pub/Sub fake (pstest, of the Go Pub/Sub client) for the Pub/Sub bridge's tests
 # (tests/support/pubsub_emulator.py), built from dev/pubsub-fake with the modules its go.sum

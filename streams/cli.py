@@ -484,6 +484,14 @@ def build_parser() -> argparse.ArgumentParser:
     acls.add_arguments(acls_cmd)
     acls_cmd.set_defaults(run=acls.command_acls)
 
+    from streams import cronjobs
+
+    cronjobs_cmd = commands.add_parser(
+        "cronjobs", help="the reconcile CronJobs of the scheduled instances, as Kubernetes YAML"
+    )
+    cronjobs.add_arguments(cronjobs_cmd)
+    cronjobs_cmd.set_defaults(run=cronjobs.command_cronjobs)
+
     remove_cmd = commands.add_parser(
         "remove-member",
         help="remove a worker's static member from its groups now (a scale-in, a dead worker)",

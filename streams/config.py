@@ -28,6 +28,10 @@ sources = ["s3"]             # optional: the only sources it accepts; absent = e
 plugins = ["versioning", "softDelete", { name = "dedup", prefix = ".blobs" }, "encryption"]
 dedupe_ttl = "24h"           # seconds as a number, or a duration string; default 24 h
 topic = "files.events.tenant-a"   # default files.events.<name>
+# Its reconcile CronJob (python -m streams cronjobs): a cron schedule, or false for none;
+# default: hourly when `sources` names supabase, none otherwise.
+reconcile_schedule = "17 * * * *"
+reconcile_endpoint_url = "https://example-project.supabase.co/storage/v1/s3"  # --endpoint-url
 ```
 """
 
@@ -37,6 +41,7 @@ import math
 import os
 import re
 import tomllib
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -53,11 +58,16 @@ from pydantic import (
 
 from streams.kafka_settings import ENVIRONMENT as KAFKA_ENVIRONMENT
 from streams.kafka_settings import KafkaSettings
+from streams.schedule import ScheduleError
+from streams.schedule import parse as parse_schedule
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 DEFAULT_DEDUPE_TTL_S = 24 * 3600.0
+RECONCILED_BY_DEFAULT = ("supabase",)
+"""Sources whose instances get a scheduled reconcile unless `reconcile_schedule = false`:
+Supabase sends each Database Webhook once, so a missed one is found only by a listing."""
 
 PluginName = Literal["dedup", "versioning", "softDelete", "encryption", "compression"]
 PLUGIN_DEFAULT_PREFIXES: dict[str, str] = {
@@ -178,6 +188,45 @@ class InstanceConfig(_Strict):
     naming its bucket (or no bucket, as Box and Cloudinary deliveries do). `reconcile` is
     always accepted (the operator's own tool; see streams.core.rules): a reconcile delivery
     reaches only the instance it names, on a raw topic that reaches it (streams.core.routing)."""
+    reconcile_schedule: str | bool | None = None
+    """When the reconcile CronJob of this instance runs (`python -m streams cronjobs`): a cron
+    schedule as a Kubernetes CronJob reads it (streams.schedule), `false` for none, `true`
+    for the default. Unset: the default when `sources` names a source of
+    RECONCILED_BY_DEFAULT (supabase), none otherwise. The default is hourly, at a minute
+    derived from the instance's name (so that instances do not all list at once)."""
+    reconcile_endpoint_url: str | None = None
+    """The `--endpoint-url` of its reconcile runs: the provider's API endpoint (Supabase:
+    https://<project>.supabase.co/storage/v1/s3); unset: the listing's default (AWS S3)."""
+
+    @field_validator("reconcile_schedule")
+    @classmethod
+    def _schedule(cls, value: str | bool | None) -> str | bool | None:
+        if isinstance(value, str):
+            try:
+                parse_schedule(value)
+            except ScheduleError as exc:
+                raise ValueError(f"{exc} (or false for no scheduled reconcile)") from None
+            return " ".join(value.split())
+        return value
+
+    @field_validator("reconcile_endpoint_url")
+    @classmethod
+    def _endpoint(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^\s/]+", value):
+            raise ValueError(f"{value!r} is not an http(s) URL")
+        return value
+
+    @property
+    def reconcile_cron(self) -> str | None:
+        """The schedule of its reconcile CronJob; None: it has none."""
+        value = self.reconcile_schedule
+        if isinstance(value, str):
+            return value
+        if value is None:
+            value = any(source in RECONCILED_BY_DEFAULT for source in self.sources or ())
+        if not value:
+            return None
+        return f"{zlib.crc32(self.name.encode()) % 60} * * * *"
 
     @field_validator("prefix")
     @classmethod

@@ -45,6 +45,13 @@ or Kafka fail (a topic this principal may not read is named as a permission prob
 when a delivery was not acknowledged (run again: the ids are stable); 2 for a configuration
 mistake; 3 refused by the safety bound.
 
+Metrics: with `--pushgateway URL` (or RECONCILE_PUSHGATEWAY_URL) the run pushes what it found
+to that Prometheus Pushgateway when it ends, grouped by job and instance
+(`connectors.reconcile.report`: last run, last success, drift by kind, published, drift runs
+in a row). A push that fails changes no exit code: it is a warning on stderr and a last
+stdout line `reconcile metrics not pushed: <why>`. `python -m streams cronjobs` generates
+the CronJob that runs this on a schedule per instance (streams.cronjobs).
+
 Limits: one bucket per run (`--bucket` for an instance that takes every bucket; Box and
 Cloudinary have none); the synthetic events are kept only by the instance they name (each
 instance's run fixes its own output: an overlapping catch-all instance needs a run of its
@@ -67,7 +74,7 @@ from typing import TextIO
 
 from connectors.command import BridgeCommand, add_publishing_arguments
 from connectors.publisher import PublishFailed, RawPublisher, raw_headers
-from connectors.reconcile import listings
+from connectors.reconcile import listings, report
 from connectors.reconcile.drift import (
     DEFAULT_MAX_DELETE_SHARE,
     Drift,
@@ -221,9 +228,13 @@ def reconcile_topic(settings: Settings, instance: str, topic: str | None) -> str
 
 
 def reconcile(
-    args: argparse.Namespace, settings: Settings, knowledge: StreamKnowledge | None = None
+    args: argparse.Namespace,
+    settings: Settings,
+    knowledge: StreamKnowledge | None = None,
+    metrics: report.RunMetrics | None = None,
 ) -> int:
-    """One run; `knowledge` replaces the output-topic read (what the stream knows)."""
+    """One run; `knowledge` replaces the output-topic read (what the stream knows); `metrics`
+    records what it found (connectors.reconcile.report)."""
     instance = settings.instance(args.instance)
     listing = listings.chosen(args, instance)
     bucket = _bucket(args, instance, listing.bucketless)
@@ -269,6 +280,8 @@ def reconcile(
         progress.phase = "publishing"
         publisher = RawPublisher(settings.kafka, raw_topic, args.publish_timeout)
         published = asyncio.run(publish_all(publisher, result.drifts, args.read_timeout, progress))
+    if metrics is not None:
+        metrics.compared(result, published)
     if progress.last != progress.started:  # a long run: its last figures too
         progress.phase = "done"
         progress.report()
@@ -339,13 +352,37 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds to read the output topic to its end (default 120)",
     )
     listings.add_arguments(parser)
+    report.add_arguments(parser)
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
+    """A run, then its metrics pushed (`--pushgateway`): a failed push is said, not returned."""
+    metrics = report.from_args(args)
+    code = 1  # an unexpected exception: pushed as a failed run, then raised
+    try:
+        code = _outcome(args, settings, metrics)
+    finally:
+        if metrics is not None:
+            failed = metrics.push(code)
+            for warning in metrics.warnings:
+                print(f"connectors reconcile: metrics: {warning}", file=sys.stderr)
+            if failed is not None:
+                print(
+                    f"connectors reconcile: metrics not pushed to {metrics.gateway}: {failed}; "
+                    f"the run's result stands (exit {code})",
+                    file=sys.stderr,
+                )
+                print(f"reconcile metrics not pushed: {failed}", flush=True)
+    return code
+
+
+def _outcome(
+    args: argparse.Namespace, settings: Settings, metrics: report.RunMetrics | None
+) -> int:
     for noisy in ("botocore", "azure", "google", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)  # no per-request chatter
     try:
-        return reconcile(args, settings)
+        return reconcile(args, settings, metrics=metrics)
     except ConfigError as exc:
         print(f"connectors reconcile: {exc}", file=sys.stderr)
         return 2

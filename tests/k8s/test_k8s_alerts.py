@@ -17,6 +17,7 @@ import promql_parser
 import yaml
 from prometheus_client import REGISTRY
 
+from connectors.reconcile.report import Compared, RunMetrics
 from fileevents import FileEventsMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,9 +49,17 @@ def exposed_metric_names() -> set[str]:
     have no samples before their first use, so the names come from the families)."""
     for module in ("streams.metrics", "connectors.webhook", "connectors.pull"):
         importlib.import_module(module)
+    # What a reconcile run pushes (a registry of its own per run, every series of one that
+    # compared and succeeded: connectors/reconcile/report.py).
+    pushed = RunMetrics("127.0.0.1:1", "example", expected_interval_s=3600)
+    pushed.found = Compared(listed=1, known=1, created=0, deleted=0, published=0)
     return {
         metric.name + suffix
-        for metric in [*REGISTRY.collect(), *FileEventsMetrics().collect()]
+        for metric in [
+            *REGISTRY.collect(),
+            *FileEventsMetrics().collect(),
+            *pushed.registry(0, 0.0).collect(),
+        ]
         for suffix in SUFFIXES.get(metric.type, ("",))
     }
 
@@ -76,6 +85,7 @@ def test_every_alert_expression_parses_and_names_existing_metrics() -> None:
         "StorageEventsConsumerLag",
     } <= names
     assert {"StorageEventsSendRetries"} <= names
+    assert {"StorageEventsReconcileDriftAgain", "StorageEventsReconcileOverdue"} <= names
 
 
 def test_a_broken_expression_is_caught() -> None:

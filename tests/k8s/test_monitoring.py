@@ -90,6 +90,42 @@ def test_promtool_is_really_applied(tmp_path: Path, rule: dict[str, Any], error:
     assert error in checked.stdout + checked.stderr, checked.stdout + checked.stderr
 
 
+RULE_TESTS = HERE / "prometheusrule.test.yaml"
+
+
+def run_rule_tests(tmp_path: Path, tests: str) -> subprocess.CompletedProcess[str]:
+    """`promtool test rules` on `tests`, with the PrometheusRule's spec as its rules.yaml."""
+    rule_file(tmp_path, yaml.safe_load(RULES.read_text())["spec"])
+    (tmp_path / "rules.test.yaml").write_text(tests)
+    return subprocess.run(
+        [promtool(), "test", "rules", "rules.test.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_reconcile_alerts_pass_their_promtool_unit_tests(tmp_path: Path) -> None:
+    """Drift in two runs in a row, a refused run, no success within twice the schedule's
+    gap: tests/k8s/prometheusrule.test.yaml, on the rules as shipped."""
+    tests = RULE_TESTS.read_text()
+    for alert in ("DriftAgain", "Refused", "Overdue"):
+        assert f"alertname: StorageEventsReconcile{alert}" in tests
+    tested = run_rule_tests(tmp_path, tests)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert "SUCCESS" in tested.stdout
+
+
+def test_promtool_test_rules_is_really_applied(tmp_path: Path) -> None:
+    """The same unit tests fail when an alert would not fire as they expect."""
+    tests = RULE_TESTS.read_text().replace("found drift in 2 runs", "found drift in 3 runs")
+    tested = run_rule_tests(tmp_path, tests)
+    assert tested.returncode != 0
+    assert "StorageEventsReconcileDriftAgain" in tested.stdout + tested.stderr
+
+
 def test_k8s_readme_points_to_the_rule_file_and_holds_no_copy() -> None:
     readme = (K8S / "README.md").read_text()
     assert "k8s/monitoring/" in readme and "prometheusrule.yaml" in readme

@@ -3,9 +3,10 @@ evaluated by a real Prometheus (Debian's `prometheus` package) against real scra
 
 Scraped, each on a free port of 127.0.0.1, every second: a worker (`faust -A streams
 worker`, honor_labels as in the ServiceMonitor) on the session's broker, the webhook bridge,
-the SQS bridge (on moto's SQS) and a `fileevents` consumer of the worker's output
-(`metrics_port`). Traffic makes every labelled series exist: events emitted, a duplicate, a
-stale one, filtered ones, a malformed delivery (dead letter), a record the output topic
+the SQS bridge (on moto's SQS), a `fileevents` consumer of the worker's output
+(`metrics_port`), and a Pushgateway (honor_labels) holding what two reconcile runs pushed.
+Traffic makes every labelled series exist: events emitted, a duplicate, a stale one, filtered
+ones, a malformed delivery (dead letter), a record the output topic
 refuses, a stage that cannot write (failpoint STREAMS_UNWRITABLE_TOPIC), webhook deliveries
 accepted and refused, consumer handlers that fail and time out.
 
@@ -36,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import promql_parser
 import pytest
@@ -47,9 +48,13 @@ from support.moto_server import aws_client, unique_name
 from support.payloads import s3_body, s3_record
 from support.worker import ROOT, Topology, Worker, free_port, wait_for
 
+from connectors.reconcile.report import JOB, Compared, RunMetrics
 from fileevents import FileEvent, FileEvents, RetryPolicy
 
-pytest_plugins = ["support.moto_server"]
+if TYPE_CHECKING:
+    from support.pushgateway import Pushgateway
+
+pytest_plugins = ["support.moto_server", "support.pushgateway"]
 pytestmark = pytest.mark.kafka
 
 MONITORING = ROOT / "k8s" / "monitoring"
@@ -67,6 +72,7 @@ EXPECTED_TO_FIRE = {
     "StorageEventsStaleRateHigh",
     "FileEventsDeadLetters",
     "FileEventsHandlerTimeouts",
+    "StorageEventsReconcileDriftAgain",
 }
 
 
@@ -325,9 +331,13 @@ async def create_topic(bootstrap: str, name: str, config: dict[str, str]) -> Non
 
 @pytest.fixture(scope="module")
 def scraped(
-    kafka_bootstrap: str, moto_server: str, tmp_path_factory: pytest.TempPathFactory
+    kafka_bootstrap: str,
+    moto_server: str,
+    pushgateway: Pushgateway,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[Prometheus, Worker]]:
-    """The four processes with their traffic done, and a Prometheus that scraped it all."""
+    """The four processes with their traffic done, and a Prometheus that scraped it all,
+    with the Pushgateway where two reconcile runs of `default` pushed drift in a row."""
     prometheus_binary()  # skip (or fail in CI) before starting anything
     tmp_path = tmp_path_factory.mktemp("scraped")
     names = Topology()
@@ -360,8 +370,16 @@ def scraped(
             "storage-events-worker": (worker.web_port, True),
             "storage-events-webhook": (webhook_port, False),
             "storage-events-sqs-bridge": (sqs_port, False),
+            # As kube-prometheus-stack's Pushgateway ServiceMonitor: honor_labels, so that
+            # `job` and `instance` are the pushed ones.
+            "pushgateway": (pushgateway.port, True),
         },
     )
+    pushgateway.delete(JOB, "default")
+    for _ in range(2):  # two runs in a row that found drift (exit 0: published it all)
+        run = RunMetrics(pushgateway.url, "default", expected_interval_s=3600)
+        run.found = Compared(listed=3, known=2, created=1, deleted=0, published=1)
+        assert run.push(0) is None
     prometheus.directory.mkdir()
     try:
         worker.start()

@@ -263,6 +263,10 @@ def test_every_component_gets_its_own_kafka_secrets_and_kafka_user(settings: Set
     for workload in workloads():
         component = workload["metadata"]["labels"]["app.kubernetes.io/component"]
         seen.add(component)
+        # A reconcile CronJob per instance (streams.cronjobs): a principal per instance.
+        principal = workload["metadata"]["name"].removeprefix("storage-events-")
+        if component != "reconcile":
+            assert principal == component, workload["metadata"]["name"]
         spec = workload["spec"]
         template = (
             spec["jobTemplate"]["spec"]["template"] if "jobTemplate" in spec else spec["template"]
@@ -270,14 +274,14 @@ def test_every_component_gets_its_own_kafka_secrets_and_kafka_user(settings: Set
         pod = template["spec"]
         [container] = pod["containers"]
         secret_refs = [s["secretRef"] for s in container["envFrom"] if "secretRef" in s]
-        assert {"name": f"storage-events-kafka-{component}", "optional": True} in secret_refs, (
-            component
+        assert {"name": f"storage-events-kafka-{principal}", "optional": True} in secret_refs, (
+            principal
         )
         volumes = {volume["name"]: volume for volume in pod["volumes"]}
         assert volumes["kafka-user"]["secret"] == {
-            "secretName": f"storage-events-{component}",
+            "secretName": f"storage-events-{principal}",
             "optional": True,
-        }, component
+        }, principal
         assert volumes["kafka-ca"]["secret"] == {
             "secretName": "storage-events-kafka-ca",
             "optional": True,
@@ -293,8 +297,8 @@ def test_every_component_gets_its_own_kafka_secrets_and_kafka_user(settings: Set
             "mountPath": "/etc/kafka-ca",
             "readOnly": True,
         }
-        user = users.get(f"storage-events-{component}")
-        assert user, f"no KafkaUser storage-events-{component} in k8s/kafka-users"
+        user = users.get(f"storage-events-{principal}")
+        assert user, f"no KafkaUser storage-events-{principal} in k8s/kafka-users"
         command = container["command"]
         if option(user, "--component") != "worker":
             # The raw topic it may write is the one it publishes to (`--topic`, else the

@@ -185,14 +185,23 @@ def _import_product_modules() -> None:
 
 def registered_metrics() -> dict[str, str]:
     """Every metric family the product registers, name -> type: the module-level ones in
-    Prometheus' default registry once every product module is imported, and the consumer
-    library's collector (fileevents.metrics.FileEventsMetrics, a registry of its own)."""
+    Prometheus' default registry once every product module is imported, the consumer
+    library's collector (fileevents.metrics.FileEventsMetrics, a registry of its own), and
+    what a reconcile run pushes (connectors.reconcile.report, a registry per run: every
+    series of a run that compared and succeeded)."""
     from prometheus_client import REGISTRY
 
+    from connectors.reconcile.report import Compared, RunMetrics
     from fileevents.metrics import FileEventsMetrics
 
     _import_product_modules()
-    families = [*REGISTRY.collect(), *FileEventsMetrics().describe()]
+    pushed = RunMetrics("127.0.0.1:1", "example", expected_interval_s=3600)
+    pushed.found = Compared(listed=1, known=1, created=0, deleted=0, published=0)
+    families = [
+        *REGISTRY.collect(),
+        *FileEventsMetrics().describe(),
+        *pushed.registry(0, 0.0).collect(),
+    ]
     return {
         family.name: family.type for family in families if family.name.startswith(METRIC_PREFIXES)
     }
