@@ -149,10 +149,23 @@ def decode(stored: bytes | None) -> KeyState:
     if not isinstance(data, dict):
         return KeyState()
     mark_data = data.get("m")
-    mark = Mark.from_json(mark_data) if isinstance(mark_data, dict) else None
+    try:
+        mark = Mark.from_json(mark_data) if isinstance(mark_data, dict) else None
+    except (ValueError, TypeError):  # a field of the wrong type: no mark (order unknown)
+        mark = None
     ids = data.get("i")
-    if not isinstance(ids, list) or not all(_id_entry(entry) for entry in ids):
+    if not isinstance(ids, list):
         ids = []
+    else:
+        for entry in ids:
+            if not (
+                type(entry) is list
+                and 2 <= len(entry) <= 3
+                and type(entry[0]) is str
+                and type(entry[1]) in (int, float)
+            ):
+                ids = []  # not as this stage writes them: none counts
+                break
     etag = data.get("e")
     spill = data.get("s")
     return KeyState(
@@ -160,15 +173,6 @@ def decode(stored: bytes | None) -> KeyState:
         ids=ids,
         etag=etag if isinstance(etag, str) else None,
         spill_until=float(spill) if isinstance(spill, int | float) else None,
-    )
-
-
-def _id_entry(entry: object) -> bool:
-    return (
-        isinstance(entry, list)
-        and len(entry) in (2, 3)
-        and isinstance(entry[0], str)
-        and isinstance(entry[1], int | float)
     )
 
 

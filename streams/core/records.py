@@ -151,15 +151,14 @@ def parse_keyed(value: bytes, headers: Mapping[str, bytes | None]) -> KeyedEvent
         data, value = event.model_dump(mode="json"), event_json(event)
     if not isinstance(data, dict):
         raise ValueError("keyed record is not a JSON object")
-    event_id, kind, key, provider = (data.get(name) for name in ("id", "type", "key", "provider"))
+    get = data.get
+    event_id, kind, key, provider = get("id"), get("type"), get("key"), get("provider")
     if not (isinstance(event_id, str) and isinstance(key, str) and isinstance(provider, str)):
         raise ValueError("keyed event lacks a string id, key or provider")
     if not isinstance(kind, str) or kind not in EVENT_TYPES:
         raise ValueError(f"keyed event has type {kind!r}")
-    bucket, sequencer, time_text, version_only, raw, etag = (
-        data.get(name)
-        for name in ("bucket", "sequencer", "time", "version_only", "raw", "etag")
-    )
+    bucket, sequencer, time_text = get("bucket"), get("sequencer"), get("time")
+    version_only, raw, etag = get("version_only"), get("raw"), get("etag")
     if not (bucket is None or isinstance(bucket, str)) or not (
         sequencer is None or isinstance(sequencer, str)
     ):

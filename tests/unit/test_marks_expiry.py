@@ -1,8 +1,10 @@
 """Deleted keys' ordering marks are forgotten after a grace; live keys' marks are kept.
 
 The decisions are pure (streams.core.ordering `with_grace`/`forgotten`, streams.core.emitting
-`plan_batch`, `mark_revision`, `mark_forget_at`), tested against in-memory state; the
-store's `revisions` scan runs on a real RocksDB database in a temporary directory.
+`plan_batch`, `key_revision` for the `keys` records that hold the marks since per-key state,
+`migrated_mark` that moves a `marks` entry into one, and `mark_forget_at`, the restore's reader
+of the legacy `marks` table), tested against in-memory state; the store's `revisions` scan runs
+on a real RocksDB database in a temporary directory.
 """
 
 from __future__ import annotations
@@ -16,18 +18,22 @@ import pytest
 
 from streams.config import ConfigError, Settings, load_settings
 from streams.core.emitting import (
+    KEYS,
     LEGACY_UNTIL_KEY,
     MARKS,
+    SEEN_UNTIL_KEY,
     EmitPlan,
     KeyedInput,
     deleted_mark_grace,
+    key_revision,
     mark_forget_at,
     mark_instance,
     mark_key,
-    mark_revision,
+    migrated_mark,
     plan_batch,
 )
 from streams.core.event import FileEvent
+from streams.core.keystate import FORGETTABLE_MARKER, KeyState, decode, encode, record_forget_at
 from streams.core.ordering import Mark, forgotten, mark_for, with_grace
 from streams.core.records import keyed_record
 from streams.engine.store import Revision, StateStore
@@ -83,9 +89,12 @@ def keyed(item: FileEvent, instance: str = "a") -> KeyedInput:
 
 
 def stored_mark(state: MemoryState, item: FileEvent, instance: str = "a") -> Mark:
-    value = state.get(MARKS, 0, mark_key(instance, item, "s3"))
+    """The mark in the key's `keys` record."""
+    value = state.get(KEYS, 0, mark_key(instance, item, "s3"))
     assert value is not None
-    return Mark.from_json(json.loads(value))
+    mark = decode(value).mark
+    assert mark is not None
+    return mark
 
 
 def run(
@@ -171,36 +180,132 @@ def mark_bytes(mark: Mark) -> bytes:
     return json.dumps(mark.to_json()).encode()
 
 
+def record(mark: Mark | None = None, ids: list[list[Any]] | None = None, **more: Any) -> bytes:
+    """A `keys` record as the plan writes it."""
+    return encode(KeyState(mark, ids or [], **more))
+
+
 OLD_DELETED = mark_bytes(mark_for(event("0005", "deleted")))  # before marks expired
 SCOPED = b"a|s3|uploads/photos/red flower.jpg"
 LEGACY = b"a/uploads/photos/red flower.jpg"  # before scopes
+
+
+def migrated(key: bytes, stored: bytes) -> bytes:
+    found = migrated_mark(key, stored)
+    assert found is not None
+    return found
 
 
 def grace_of(key: bytes) -> float:
     return {"a": GRACE}[mark_instance(key)]
 
 
-def test_the_sweep_keeps_live_marks_and_deleted_ones_within_the_grace() -> None:
-    live = mark_bytes(with_grace(mark_for(event("0005")), NOW, GRACE))
-    deleted = mark_bytes(with_grace(mark_for(event("0005", "deleted")), NOW, GRACE))
-    assert mark_revision(SCOPED, live, NOW + 10**6, grace_of) is None
-    assert mark_revision(SCOPED, deleted, NOW + GRACE - 0.001, grace_of) is None
-    assert mark_revision(SCOPED, deleted, NOW + GRACE, grace_of) == Revision(None)
+def test_the_sweep_keeps_live_records_and_deleted_ones_within_their_end() -> None:
+    live = record(with_grace(mark_for(event("0005")), NOW, GRACE), [["s3:old", NOW - 100]])
+    deleted = record(with_grace(mark_for(event("0005", "deleted")), NOW, GRACE))
+    assert key_revision(SCOPED, live, NOW + 10**6, grace_of) is None  # even its ids expired
+    assert key_revision(SCOPED, deleted, NOW + GRACE - 0.001, grace_of) is None
+    assert key_revision(SCOPED, deleted, NOW + GRACE, grace_of) == Revision(None)
+
+
+@pytest.mark.parametrize(
+    ("ids", "spill_until", "end"),
+    [
+        ([["s3:5", NOW + 60]], None, NOW + 60),  # its ids outlive the grace
+        ([["s3:5", NOW + 1]], None, NOW + GRACE),  # the grace outlives its ids
+        ([["s3:5", NOW + 1]], NOW + 90, NOW + 90),  # its spilled ids outlive both
+    ],
+)
+def test_a_deleted_key_s_record_goes_at_the_latest_of_its_grace_and_its_ids(
+    ids: list[list[Any]], spill_until: float | None, end: float
+) -> None:
+    mark = with_grace(mark_for(event("0005", "deleted")), NOW, GRACE)
+    stored = record(mark, ids, spill_until=spill_until)
+    assert key_revision(SCOPED, stored, end - 0.001, grace_of) is None
+    assert key_revision(SCOPED, stored, end, grace_of) == Revision(None)
+
+
+def test_a_record_of_ids_alone_goes_with_its_ids() -> None:
+    stored = record(None, [["s3:5", NOW + 60], ["s3:6", NOW + 30]])
+    assert key_revision(SCOPED, stored, NOW + 59, grace_of) is None
+    assert key_revision(SCOPED, stored, NOW + 60, grace_of) == Revision(None)
 
 
 @pytest.mark.parametrize("key", [SCOPED, LEGACY])
 def test_the_sweep_stamps_a_deleted_mark_written_before_marks_expired(key: bytes) -> None:
-    revision = mark_revision(key, OLD_DELETED, NOW, grace_of)
+    stored = migrated(key, OLD_DELETED)  # moved from `marks` at restore: no end yet
+    assert FORGETTABLE_MARKER not in stored
+    revision = key_revision(key, stored, NOW, grace_of)
     assert revision is not None and revision.value is not None
-    stamped = Mark.from_json(json.loads(revision.value))
+    stamped = decode(revision.value).mark
     assert stamped == with_grace(mark_for(event("0005", "deleted")), NOW, GRACE)
-    assert mark_revision(key, revision.value, NOW + GRACE - 0.001, grace_of) is None
-    assert mark_revision(key, revision.value, NOW + GRACE, grace_of) == Revision(None)
+    assert record_forget_at(revision.value) == NOW + GRACE
+    assert key_revision(key, revision.value, NOW + GRACE - 0.001, grace_of) is None
+    assert key_revision(key, revision.value, NOW + GRACE, grace_of) == Revision(None)
 
 
-def test_the_sweep_leaves_bookkeeping_and_unreadable_entries_alone() -> None:
-    assert mark_revision(LEGACY_UNTIL_KEY, b"1800000000.000", NOW, grace_of) is None
-    assert mark_revision(SCOPED, b"deleted, but no JSON", NOW, grace_of) is None
+def test_stamping_keeps_the_record_s_ids_and_their_expiry() -> None:
+    """An old deleted mark's record that has recorded ids since (a stale event of the key)."""
+    old = mark_for(event("0005", "deleted"))
+    stored = record(old, [["s3:4", NOW + 60]], etag="e")
+    revision = key_revision(SCOPED, stored, NOW, grace_of)
+    assert revision is not None and revision.value is not None
+    assert decode(revision.value) == KeyState(
+        with_grace(old, NOW, GRACE), [["s3:4", NOW + 60]], "e"
+    )
+    assert record_forget_at(revision.value) == NOW + 60
+
+
+def test_the_sweep_leaves_markers_and_unreadable_records_alone() -> None:
+    for marker in (LEGACY_UNTIL_KEY, SEEN_UNTIL_KEY):
+        assert key_revision(marker, b"1800000000.000", NOW, grace_of) is None
+        # Never a key's record, whatever it holds.
+        assert key_revision(marker, record(None, [["s3:5", NOW - 1]]), NOW, grace_of) is None
+        assert key_revision(marker, migrated(SCOPED, OLD_DELETED), NOW, grace_of) is None
+    assert key_revision(SCOPED, b"deleted, but no JSON", NOW, grace_of) is None
+    assert key_revision(SCOPED, b'{"x": "soon", "m": "deleted"}', NOW, grace_of) is None
+
+
+def test_the_restore_readers_date_only_what_ends() -> None:
+    """`keys`: `record_forget_at`; ended records are skipped, live ones restored."""
+    deleted = with_grace(mark_for(event("0005", "deleted")), NOW, GRACE)
+    assert record_forget_at(record(deleted)) == NOW + GRACE
+    assert record_forget_at(record(mark_for(event("0005")), [["s3:5", NOW]])) is None
+    assert record_forget_at(migrated(SCOPED, OLD_DELETED)) is None  # not stamped yet
+    assert record_forget_at(b"1800000000.000") is None
+
+
+# --- the upgrade to per-key state: `marks` entries become `keys` records ------------------
+
+
+@pytest.mark.parametrize("key", [SCOPED, LEGACY])
+@pytest.mark.parametrize(
+    "mark",
+    [
+        mark_for(event("0005")),
+        with_grace(mark_for(event("0005", "deleted")), NOW, GRACE),
+        mark_for(event("0005", "deleted")),
+    ],
+)
+def test_a_marks_entry_becomes_a_record_holding_that_mark(key: bytes, mark: Mark) -> None:
+    found = migrated(key, mark_bytes(mark))
+    assert decode(found) == KeyState(mark)  # no ids, no ETag: only the mark moved
+    # It ends as the mark did: a stamped deleted mark's grace; never, for the others.
+    assert record_forget_at(found) == mark_forget_at(mark_bytes(mark))
+
+
+def test_a_gcs_mark_past_64_bits_is_migrated_whole() -> None:
+    mark = Mark("gcs-generation", (2**70, 2, 1), None, "gcs:x", "created")
+    assert decode(migrated(SCOPED, mark_bytes(mark))).mark == mark
+
+
+def test_the_pre_scope_window_marker_is_copied_as_it_is() -> None:
+    assert migrated_mark(LEGACY_UNTIL_KEY, b"1800000000.000") == b"1800000000.000"
+
+
+@pytest.mark.parametrize("stored", [b"not json", b"[]", b'"mark"', b'{"token": 5}'])
+def test_an_unreadable_marks_entry_is_not_migrated(stored: bytes) -> None:
+    assert migrated_mark(SCOPED, stored) is None
 
 
 def test_the_restore_reader_dates_only_stamped_deleted_marks() -> None:
@@ -217,28 +322,34 @@ def test_the_instance_of_either_key_form() -> None:
 
 
 def test_the_store_scan_returns_what_the_sweep_changes(tmp_path: Path) -> None:
-    store = StateStore(tmp_path, {MARKS: "marks-changelog"})
+    store = StateStore(tmp_path, {KEYS: "keys-changelog"})
     store.open([0])
     try:
-        live = mark_bytes(mark_for(event("0005")))
-        due = mark_bytes(with_grace(mark_for(event("0005", "deleted")), NOW - GRACE, GRACE))
+        live = record(mark_for(event("0005")), [["s3:5", NOW - 100]])
+        due = record(with_grace(mark_for(event("0005", "deleted")), NOW - GRACE, GRACE))
+        kept = record(
+            with_grace(mark_for(event("0005", "deleted")), NOW - GRACE, GRACE),
+            [["s3:5", NOW + 1]],
+        )
         store.apply(
             {
-                (MARKS, 0): {
+                (KEYS, 0): {
                     b"a|s3|b/live": live,
                     b"a|s3|b/due": due,
-                    b"a/b/old": OLD_DELETED,
-                    LEGACY_UNTIL_KEY: b"1800000000.000",
+                    b"a|s3|b/ids-live": kept,
+                    b"a/b/old": migrated(b"a/b/old", OLD_DELETED),
+                    LEGACY_UNTIL_KEY: b"1700000000.000",
+                    SEEN_UNTIL_KEY: b"1700000000.000",
                 }
             }
         )
         found = store.revisions(
-            MARKS, 0, 10, lambda key, value: mark_revision(key, value, NOW, grace_of)
+            KEYS, 0, 10, lambda key, value: key_revision(key, value, NOW, grace_of)
         ).changes
         assert set(found) == {b"a|s3|b/due", b"a/b/old"}
         assert found[b"a|s3|b/due"] is None
-        assert mark_forget_at(found[b"a/b/old"] or b"") == NOW + GRACE
-        assert len(store.revisions(MARKS, 0, 1, lambda key, value: Revision(None)).changes) == 1
+        assert record_forget_at(found[b"a/b/old"] or b"") == NOW + GRACE
+        assert len(store.revisions(KEYS, 0, 1, lambda key, value: Revision(None)).changes) == 1
     finally:
         store.close()
 
