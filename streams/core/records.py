@@ -23,6 +23,7 @@ records is written (streams.engine.topics holds the limits).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -206,15 +207,26 @@ def event_json(event: FileEvent) -> bytes:
         return event.model_dump_json().encode()
 
 
+@functools.lru_cache(maxsize=8)
+def _ce_type(kind: str) -> tuple[str, bytes]:
+    return ("ce_type", f"{CE_TYPE_PREFIX}{kind}".encode())
+
+
+@functools.lru_cache(maxsize=1024)
+def _ce_source(instance: str, provider: str) -> tuple[str, bytes]:
+    return ("ce_source", f"/storage-events/{instance}/{provider}".encode())
+
+
 def cloudevent_headers(
     instance: str, event_id: str, kind: str, provider: str, key: str, time_text: str | None
 ) -> Headers:
-    """CloudEvents 1.0 Kafka protocol binding, binary mode."""
+    """CloudEvents 1.0 Kafka protocol binding, binary mode. The headers every event of a
+    type or of an instance and provider shares are built once (`_ce_type`, `_ce_source`)."""
     headers: Headers = (
         ("ce_specversion", CE_SPECVERSION_BYTES),
         ("ce_id", event_id.encode()),
-        ("ce_type", f"{CE_TYPE_PREFIX}{kind}".encode()),
-        ("ce_source", f"/storage-events/{instance}/{provider}".encode()),
+        _ce_type(kind),
+        _ce_source(instance, provider),
         ("ce_subject", key.encode()),
         ("ce_dataschema", CE_DATASCHEMA_BYTES),
         ("content-type", b"application/json"),
