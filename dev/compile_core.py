@@ -62,8 +62,8 @@ def remove_build(compiled: ModuleType) -> None:
 
 def c_compiler() -> str | None:
     """The C compiler setuptools would run (Python's CC, usually `cc` or `gcc`), if found."""
-    configured = (sysconfig.get_config_var("CC") or "cc").split()
-    for name in (os.environ.get("CC", "").split() or configured)[:1] + ["cc"]:
+    configured = os.environ.get("CC", "").split() or (sysconfig.get_config_var("CC") or "").split()
+    for name in [*configured[:1], "cc"]:
         found = shutil.which(name)
         if found:
             return found
