@@ -69,9 +69,7 @@ def run_core(tree: Path, **env: str) -> subprocess.CompletedProcess[str]:
         "from streams.core import compiled\n"
         "print(compiled.STATE); print(r.__file__); print(s.__file__)\n"
     )
-    environment = {
-        key: value for key, value in os.environ.items() if key != compiled.PURE_VARIABLE
-    }
+    environment = {key: value for key, value in os.environ.items() if key != compiled.PURE_VARIABLE}
     environment.update(env, PYTHONPATH=str(tree), PYTHONWARNINGS="default")
     return subprocess.run(
         [sys.executable, "-c", code],
