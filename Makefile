@@ -13,12 +13,24 @@ TEST_STAMP := $(VENV)/.installed-test
 INSTANCE ?= default
 PYTEST_ARGS ?=
 
+# The functional core's pure modules (MODULES in streams/core/compiled.py) compiled with mypyc
+# in place when a C compiler is there, interpreted otherwise; one line says which. Rebuilt
+# whenever one of the files it is built from changes (its modules and the project modules they
+# import: `python streams/core/compiled.py sources`); an import-time check runs the sources
+# of a build that is not theirs all the same (docs/commands.md, "The compiled core").
+# PURE=1 (or STORAGE_EVENTS_PURE=1 in the environment) builds nothing: interpreted.
+PURE ?= $(STORAGE_EVENTS_PURE)
+CORE_PURE := $(filter-out 0,$(PURE))
+CORE_STAMP := $(VENV)/.core-$(if $(CORE_PURE),pure,compiled)
+CORE_SOURCES := $(shell $(PYTHON) streams/core/compiled.py sources 2>/dev/null) $(wildcard streams/core/compiled.py dev/compile_core.py)
+
 .PHONY: install test-deps kafka kafka-stop kafka-fetch run test test-fast tail lint format bench bench-normalizers clean
 
 # What running needs: the virtualenv with the project and its dependencies (`make run` adds
-# the Kafka broker jars, through dev/kafka/localkafka.py). Re-installs only when
-# pyproject.toml changed: a second `make install` does nothing slow.
-install: $(STAMP)
+# the Kafka broker jars, through dev/kafka/localkafka.py), and the functional core compiled
+# (CORE_STAMP above). Re-installs only when pyproject.toml changed: a second `make install` does nothing
+# slow.
+install: $(STAMP) $(CORE_STAMP)
 
 # The virtualenv, made by a Python that fits: one made by another (a python3 that was 3.12) is
 # re-created, never kept; without a fitting one, one line says what to install.
@@ -43,6 +55,9 @@ $(STAMP): pyproject.toml $(if $(VENV_WRONG),venv) | venv
 	$(BIN)/pip install --quiet --upgrade pip
 	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e . || { rm -f $(STAMP); exit 1; }
 	@touch $(STAMP)
+
+$(CORE_STAMP): $(STAMP) $(CORE_SOURCES)
+	@$(BIN)/python dev/compile_core.py --stamp $@$(if $(CORE_PURE), --pure)
 
 # What only the tests need, one prerequisite per tool; each says what it installs when it
 # does (`make test: installing ...`), and nothing when it is there already.
@@ -125,11 +140,11 @@ run: install
 	@$(BIN)/python dev/run.py
 
 # The whole suite, slow tests included (CI runs exactly this).
-test: test-deps kafka-fetch
+test: test-deps install kafka-fetch
 	PUBSUB_FAKE_BIN=$(abspath $(PUBSUB_FAKE)) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Everything but the slow chaos and load tests.
-test-fast: test-deps kafka-fetch
+test-fast: test-deps install kafka-fetch
 	PUBSUB_FAKE_BIN=$(abspath $(PUBSUB_FAKE)) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
 # The "Try it" notification as a new change each time (a fresh sequencer; KEY=<key> for
@@ -183,4 +198,5 @@ chaos-scale: install kafka-fetch
 	$(BIN)/python -m benchmarks.scale_chaos $(CHAOS_SCALE_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis var
+	$(PYTHON) dev/compile_core.py --clean
+	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis var build/mypyc

@@ -80,7 +80,14 @@ def reap_abandoned_brokers() -> None:
         shutil.rmtree(broker_dir, ignore_errors=True)
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    from streams.core import compiled
+
+    core = f"streams.core: {compiled.STATE} (streams/core/compiled.py)"
+    return [kafka_header(), core]
+
+
+def kafka_header() -> str:
     choice = broker_choice()
     if choice == "external":
         given = os.environ["KAFKA_BOOTSTRAP_SERVERS"]

@@ -14,3 +14,9 @@ tested without a broker:
 
 The Kafka-facing shell that feeds them is streams.engine; streams.worker joins the two.
 """
+
+from streams.core import compiled as _compiled
+
+# Before any module of compiled.MODULES is imported: compiled only when the build beside them
+# is theirs (a stale one runs the sources, and warns), and STORAGE_EVENTS_PURE is not set.
+_compiled.activate()
