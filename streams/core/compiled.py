@@ -53,6 +53,7 @@ MODULES: tuple[str, ...] = (
     "streams.core.rules",
     "streams.core.ordering",
     "streams.core.records",
+    "streams.core.keystate",  # a key's state record
     "streams.core.emitting",  # the dedupe/order plan
 )
 """The modules mypyc compiles: add or remove one here, and `make install` rebuilds.
