@@ -83,6 +83,7 @@ ENVIRONMENT = {
     "STREAMS_MAX_CLOCK_SKEW_S": ("stream", "max_clock_skew_s"),
     "STREAMS_DELETED_MARK_GRACE_S": ("stream", "deleted_mark_grace_s"),
     "STREAMS_PROGRESS_INTERVAL_S": ("stream", "progress_interval_s"),
+    "STREAMS_STAGE_PROCESSES": ("stream", "stage_processes"),
     "WEBHOOK_HOST": ("webhook", "host"),
     "WEBHOOK_PORT": ("webhook", "port"),
     "WEBHOOK_RAW_TOPIC": ("webhook", "raw_topic"),
@@ -367,6 +368,12 @@ class StreamConfig(_Strict):
     """Static group membership (KIP-345): a worker restarted under the same id takes its
     partitions back at once instead of after the session timeout. Unique per worker, stable
     across its restarts (a StatefulSet pod name)."""
+    stage_processes: int = Field(default=1, ge=1, le=2)
+    """How many processes the worker's two stages run in (env STREAMS_STAGE_PROCESSES): 1,
+    both on the Faust process' event loop; 2, the emit stage (its state, sweep and
+    transactions) in a child process of the worker (streams.stages.child), supervised by it
+    (streams.stages.supervisor): one `faust -A streams worker` still, one `/ready` and
+    `/metrics`, and a child that dies stops the worker with its exit code."""
     leave_group_on_stop: bool = False
     """A static member leaves its groups when it stops (env STREAMS_LEAVE_GROUP_ON_STOP): for
     a worker that is not coming back (a scale-in), so its partitions move at once instead of
