@@ -52,7 +52,7 @@ from streams.engine.topics import ensure_topics, resolve_repartition_topic, topo
 from streams.exposition import merge
 from streams.kafka_settings import KafkaAccessError, KafkaRefusalWording
 from streams.logs import install_kafka_log_filter, plain_unless_terminal
-from streams.progress import FINISH_SHARE, STOP_GRACE_S, arm_stop_watchdog
+from streams.progress import STOP_GRACE_S, arm_stop_watchdog
 from streams.stages.channel import StageView
 from streams.stages.pipeline import STAGE_NAMES, Pipeline
 from streams.stages.supervisor import StageProcess
@@ -60,7 +60,6 @@ from streams.status import ProgressReporter
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FINISH_SHARE", "app", "create_app"]
 CHILD_STAGES = ("emit",)
 """The stages a child process runs when the worker runs a stage per process (the heavier one,
 with the state, its sweep and the transactions: the worker's process has Faust, the pages and
@@ -286,11 +285,11 @@ def create_app(settings: Settings) -> StreamsApp:
 
         async def on_stop(self) -> None:
             """Within STOP_GRACE_S of now, whatever Kafka does: let each stage finish the
-            batch in hand for the first FINISH_SHARE of it, then abandon what did not finish
-            (uncommitted, so read again on the next start), stop the stages and close the
-            clients (Pipeline.shut_down); a child process stops alike meanwhile, and is
-            awaited before the clients close. A watchdog ends the process at the deadline
-            (EXIT_STOP_TIMEOUT) should anything still hang there."""
+            batch in hand for the first FINISH_SHARE of it (streams.progress), then abandon
+            what did not finish (uncommitted, so read again on the next start), stop the
+            stages and close the clients (Pipeline.shut_down); a child process stops alike
+            meanwhile, and is awaited before the clients close. A watchdog ends the process
+            at the deadline (EXIT_STOP_TIMEOUT) should anything still hang there."""
             arm_stop_watchdog(STOP_GRACE_S)
             child = app.stage_process
             if child is not None:

@@ -39,7 +39,6 @@ from streams.engine.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, topo
 from streams.progress import FINISH_SHARE, Progress, StallWatch, Stopping
 from streams.stages.emit import EmitStage
 from streams.stages.normalize import NormalizeStage
-from streams.status import ProgressReporter
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +74,6 @@ class Pipeline:
         )
         self.stalls = {name: StallWatch(self.progress, name) for name in ("normalize", "emit")}
         """Per stage: whether its consumer handles what waits (streams.progress)."""
-        self.reporter = ProgressReporter()
-        """The progress line logged every `stream.progress_interval_s` (streams.status)."""
         self.sender = RdRecordSender(
             settings.kafka,
             f"{stream.app_id}-sender",
