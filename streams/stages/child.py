@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from prometheus_client import generate_latest
 
 from streams.config import Settings
+from streams.engine import failpoints
 from streams.engine.librdkafka.consumer import RdBatchLoop
 from streams.kafka_settings import KafkaRefusalWording
 from streams.logs import install_kafka_log_filter
@@ -76,6 +77,7 @@ class StageChild:
             loop.add_signal_handler(sig, self.stop_requested.set)
         loop.add_signal_handler(signal.SIGUSR1, lambda: os.kill(self.parent, signal.SIGUSR1))
         answering = asyncio.ensure_future(self._answer(reader, writer))
+        failpoints.reached("stage-process-start")
         starting = asyncio.ensure_future(self.pipeline.start())
         stop = asyncio.ensure_future(self.stop_requested.wait())
         await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -164,7 +166,12 @@ async def _main(stages: tuple[str, ...], fd: int, parent: int) -> int:
     reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=fd))
     settings = await receive(reader)
     if not isinstance(settings, Settings):
-        raise SystemExit(f"expected the worker's settings, got {type(settings).__name__}")
+        os.write(
+            2,
+            f"storage-events: the {'/'.join(stages)} stage's process could not start: "
+            f"the worker sent no settings ({type(settings).__name__})\n".encode(),
+        )
+        return EXIT_START
     KafkaRefusalWording(settings.kafka).install()
     return await StageChild(settings, stages, parent).run(reader, writer)
 

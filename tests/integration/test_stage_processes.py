@@ -159,3 +159,19 @@ def test_a_killed_worker_takes_its_child_with_it(kafka_bootstrap: str, tmp_path:
     child = the_child(worker)
     worker.kill()
     wait_for(lambda: not alive(child), 30, "the child to end with its worker")
+
+
+def test_a_child_dying_at_start_up_stops_the_worker(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """The worker never serves without its other stage: it stops, naming the child's end."""
+    names = Topology()
+    env = {**TWO, "STREAMS_FAILPOINT": "stage-process-start:1"}
+    worker = Worker(kafka_bootstrap, names.config(), tmp_path, env=env).start(wait_ready=False)
+    try:
+        assert worker.process is not None
+        code = worker.process.wait(90)
+    finally:
+        worker.kill()
+    assert code == 128 + signal.SIGKILL, worker.tail()
+    log = worker.tail(200)
+    assert "the emit stage's process ended with exit code 137 (ended by SIGKILL" in log
+    assert "ready:" not in log

@@ -141,3 +141,28 @@ def test_a_child_whose_worker_is_gone_does_not_start() -> None:
             check=False,
         )
     assert child.returncode == 2, child.stderr.decode()
+
+
+def test_a_child_that_cannot_start_says_why_and_exits_2() -> None:
+    """Its worker alive (this test), but what it sends is no Settings."""
+
+    async def start_child() -> tuple[int, bytes]:
+        ours, theirs = socket.socketpair()
+        with theirs:
+            child = await asyncio.create_subprocess_exec(
+                *(sys.executable, "-m", "streams.stages.child", "emit"),
+                *("--fd", str(theirs.fileno()), "--parent", str(os.getpid())),
+                cwd=ROOT,
+                pass_fds=(theirs.fileno(),),
+                stderr=asyncio.subprocess.PIPE,
+            )
+        _, writer = await asyncio.open_unix_connection(sock=ours)
+        await send(writer, "not settings")
+        _, stderr = await asyncio.wait_for(child.communicate(), 60)
+        writer.close()
+        assert child.returncode is not None
+        return child.returncode, stderr
+
+    code, stderr = asyncio.run(start_child())
+    assert code == 2, stderr.decode()
+    assert b"the emit stage's process could not start" in stderr
