@@ -7,9 +7,10 @@ members, producers, transactions and state; the state sweep every
 `stream.dedupe_sweep_interval_s`; the stall watch every second), and answers the worker's
 requests for its view (streams.stages.channel) for `/ready`, `/metrics`, the progress line
 and the ready line. It stops, finishing the batch in hand as the worker does
-(Pipeline.shut_down, within CHILD_GRACE_S), on SIGTERM or SIGINT, when the worker is gone
-(its end of the socket closes; SIGTERM from the kernel too, PR_SET_PDEATHSIG), or when a
-stage fails. SIGUSR1 is passed on to the worker, which stops both and leaves the groups.
+(Pipeline.shut_down, within CHILD_GRACE_S), on SIGTERM or SIGINT, when its end of the
+worker's socket closes, or when a stage fails. Should the worker die, the kernel kills the
+child with it (PR_SET_PDEATHSIG). SIGUSR1 is passed on to the worker, which stops both and
+leaves the groups.
 
 Exit codes: 0 stopped when asked; EXIT_FAILED a stage failed (a bug or a broken disk);
 EXIT_START it could not start; streams.progress.EXIT_STOP_TIMEOUT its stop ran out of time.
@@ -49,11 +50,12 @@ LOG_FORMAT = "[%(asctime)s] [%(process)s] [%(levelname)s] [{stage} process] %(me
 
 
 def die_with_parent(parent: int) -> None:
-    """SIGTERM to this process when the worker dies, however (Linux prctl PR_SET_PDEATHSIG):
-    a stage never runs on without its worker. A worker gone already: stop now."""
+    """SIGKILL to this process when the worker dies (Linux prctl PR_SET_PDEATHSIG): a worker
+    killed takes its stages with it at once, as one process would, rather than leave one
+    running beside its successor. A worker gone already: stop now."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
         raise SystemExit(EXIT_START)
 
