@@ -119,8 +119,8 @@ def test_channel_round_trip() -> None:
 
 
 def test_the_setting_and_its_variable() -> None:
-    assert load_settings(environ={}).stream.stage_processes == 1
-    assert load_settings(environ={"STREAMS_STAGE_PROCESSES": "2"}).stream.stage_processes == 2
+    assert load_settings(environ={}).stream.stage_processes == 2
+    assert load_settings(environ={"STREAMS_STAGE_PROCESSES": "1"}).stream.stage_processes == 1
     with pytest.raises(ConfigError, match="STREAMS_STAGE_PROCESSES"):
         load_settings(environ={"STREAMS_STAGE_PROCESSES": "3"})
 
