@@ -87,9 +87,10 @@ from benchmarks.harness import (
     kafka_args,
     kafka_settings,
     metric_sums,
+    process_tree,
 )
 from benchmarks.profile import report
-from streams.config import load_settings
+from streams.config import StreamConfig, load_settings
 from streams.core.delivery import Delivery
 from streams.core.emitting import KeyedInput, plan_batch
 from streams.core.normalizers import normalize
@@ -421,18 +422,6 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def process_tree(pid: int) -> list[int]:
-    """`pid` and its descendants, now (Linux /proc: each thread's children)."""
-    found = [pid]
-    for parent in found:
-        for task in Path(f"/proc/{parent}/task").glob("*/children"):
-            try:
-                found.extend(int(child) for child in task.read_text().split())
-            except OSError:  # the thread or process ended meanwhile
-                continue
-    return found
-
-
 def tree_cpu_seconds(pid: int) -> dict[int, float]:
     """CPU seconds so far of `pid` and each of its descendants (cpu_seconds)."""
     seconds = {}
@@ -476,10 +465,10 @@ def stage_breakdown(port: int) -> str:
 
 
 def start_worker(
-    bootstrap: str, raw_topic: str, workdir: Path, name: str, processes: int = 1
+    bootstrap: str, raw_topic: str, workdir: Path, name: str, processes: int | None = None
 ) -> tuple[WorkerProcess, int, str]:
     """`faust -A streams worker` on `raw_topic` with a fresh app id, its stages in
-    `processes` processes: (worker, web port, output)."""
+    `processes` processes (None: the default): (worker, web port, output)."""
     suffix = uuid.uuid4().hex[:8]
     config, output = worker_config(workdir, suffix, raw_topic)
     port = free_port()
@@ -489,8 +478,9 @@ def start_worker(
         "STREAMS_CONFIG": str(config),
         "STREAMS_DATA_DIR": str(workdir / suffix),
         "STREAMS_WEB_PORT": str(port),
-        "STREAMS_STAGE_PROCESSES": str(processes),
     }
+    if processes is not None:
+        env["STREAMS_STAGE_PROCESSES"] = str(processes)
     worker = WorkerProcess(env, workdir / f"{name}-{suffix}.log")
     worker.start()
     return worker, port, output
@@ -807,7 +797,10 @@ def main() -> int:
                     f"  {run.rate:>10,.0f} events/s; worker {per_delivery(run.cpu_seconds, count)}",
                     flush=True,
                 )
-        pipeline = next((found[0] for found in runs.values()), None)
+        # The ratios below are the default worker's (stream.stage_processes), when it ran.
+        default = StreamConfig().stage_processes
+        ran = sorted(runs.items(), key=lambda item: PIPELINES[item[0]] != default)
+        pipeline = next((found[0] for _, found in ran), None)
         if args.rounds > 1 or len(runs) > 1:
             for name, found in runs.items():
                 rates = sorted(run.rate for run in found)
