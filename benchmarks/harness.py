@@ -164,3 +164,15 @@ def metric_sums(port: int | str, *names: str) -> dict[str, float]:
         if name in sums:
             sums[name] += float(line.rpartition(" ")[2])
     return sums
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants, now (Linux /proc: each thread's children)."""
+    found = [pid]
+    for parent in found:
+        for task in Path(f"/proc/{parent}/task").glob("*/children"):
+            try:
+                found.extend(int(child) for child in task.read_text().split())
+            except OSError:  # the thread or process ended meanwhile
+                continue
+    return found

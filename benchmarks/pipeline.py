@@ -2,7 +2,11 @@
 
     python -m benchmarks.pipeline [--deliveries 200000] [--seed 1] [--rate 2000] [--seconds 10]
         [--sections state,normalizers,webhook] [--profile FILE]
-        [--contestants ceiling,floor,pipeline,latency,librdkafka,client-floor,kstreams]
+        [--contestants ceiling,floor,pipeline,pipeline-2proc,latency,librdkafka,client-floor,
+                       kstreams] [--rounds 1]
+
+    # one process against two (stream.stage_processes), alternating, 3 pairs:
+    python -m benchmarks.pipeline --contestants pipeline,pipeline-2proc --sections '' --rounds 3
 
     # only the pipeline against the new contestants, no other sections (about a minute):
     python -m benchmarks.pipeline --contestants pipeline,librdkafka,kstreams --sections ''
@@ -18,6 +22,9 @@ pairs), three loops read the same input:
 2. engine floor: a Faust agent that consumes the topic and does nothing (benchmarks.engine_floor);
 3. pipeline: the full worker (normalize, repartition, dedupe, order, output), with its CPU
    time and each stage's time split into waiting for records, handling and committing;
+   `pipeline-2proc` the same worker with a process per stage (STREAMS_STAGE_PROCESSES=2);
+   `--rounds N` runs the pipeline contestants N times, alternating, and prints each one's
+   median;
 4. the new ceiling: a bare librdkafka (confluent-kafka) consume -> produce loop, one
    transaction per batch with its offsets (benchmarks.ceiling);
 5. the client floor: the pipeline's Kafka and RocksDB calls for each delivery, in its record
@@ -31,8 +38,8 @@ pairs), three loops read the same input:
    not run); a mismatch is printed between `!!!` marks.
 
 CPU per delivery: the process's user + system time (/proc/<pid>/stat, all threads) over the
-timed span, divided by the deliveries: the worker's, the JVM's, the bench process's for the
-librdkafka loop.
+timed span, divided by the deliveries: the worker's (with its child process, if any), the
+JVM's, the bench process's for the librdkafka loop.
 
 Each figure is events/s from the first input read to the last output acknowledged. Then
 latency at a fixed offered load: p50/p99 from publishing a delivery to the raw topic until its
@@ -80,9 +87,10 @@ from benchmarks.harness import (
     kafka_args,
     kafka_settings,
     metric_sums,
+    process_tree,
 )
 from benchmarks.profile import report
-from streams.config import load_settings
+from streams.config import StreamConfig, load_settings
 from streams.core.delivery import Delivery
 from streams.core.emitting import KeyedInput, plan_batch
 from streams.core.normalizers import normalize
@@ -414,6 +422,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU seconds so far of `pid` and each of its descendants (cpu_seconds)."""
+    seconds = {}
+    for member in process_tree(pid):
+        try:
+            seconds[member] = cpu_seconds(member)
+        except OSError:
+            continue
+    return seconds
+
+
 def stage_breakdown(port: int) -> str:
     """Where each stage's wall-clock time went (the worker's storage_events_stage_* metrics)."""
     try:
@@ -446,9 +465,10 @@ def stage_breakdown(port: int) -> str:
 
 
 def start_worker(
-    bootstrap: str, raw_topic: str, workdir: Path, name: str
+    bootstrap: str, raw_topic: str, workdir: Path, name: str, processes: int | None = None
 ) -> tuple[WorkerProcess, int, str]:
-    """`faust -A streams worker` on `raw_topic` with a fresh app id: (worker, web port, output)."""
+    """`faust -A streams worker` on `raw_topic` with a fresh app id, its stages in
+    `processes` processes (None: the default): (worker, web port, output)."""
     suffix = uuid.uuid4().hex[:8]
     config, output = worker_config(workdir, suffix, raw_topic)
     port = free_port()
@@ -459,6 +479,8 @@ def start_worker(
         "STREAMS_DATA_DIR": str(workdir / suffix),
         "STREAMS_WEB_PORT": str(port),
     }
+    if processes is not None:
+        env["STREAMS_STAGE_PROCESSES"] = str(processes)
     worker = WorkerProcess(env, workdir / f"{name}-{suffix}.log")
     worker.start()
     return worker, port, output
@@ -475,13 +497,19 @@ class PipelineRun:
 
 
 def run_pipeline(
-    bootstrap: str, raw_topic: str, count: int, workdir: Path, profile: Path | None = None
+    bootstrap: str,
+    raw_topic: str,
+    count: int,
+    workdir: Path,
+    profile: Path | None = None,
+    processes: int = 1,
 ) -> PipelineRun:
-    """Events/s of the full worker; with `profile`, py-spy samples it meanwhile (raw stacks)."""
-    worker, port, output = start_worker(bootstrap, raw_topic, workdir, "pipeline")
+    """Events/s of the full worker (its stages in `processes` processes); with `profile`,
+    py-spy samples it meanwhile (raw stacks)."""
+    worker, port, output = start_worker(bootstrap, raw_topic, workdir, "pipeline", processes)
     pid = worker.pid
     profiler: subprocess.Popen[bytes] | None = None
-    cpu_at_start: list[float] = []
+    cpu_at_start: list[dict[int, float]] = []
 
     def start_profiler() -> None:
         """py-spy from the first delivery handled on: start-up is not the pipeline."""
@@ -509,7 +537,7 @@ def run_pipeline(
             )
             received = figures["storage_events_received_total"]
             if received > 0 and not cpu_at_start:
-                cpu_at_start.append(cpu_seconds(pid))
+                cpu_at_start.append(tree_cpu_seconds(pid))
                 start_profiler()
             if received < count:
                 return received
@@ -518,10 +546,17 @@ def run_pipeline(
             return count + 1 if decided >= normalized else count
 
         seconds = timed(handled, count + 1, 1800)
-        busy = cpu_seconds(pid) - cpu_at_start[0]
+        at_end = tree_cpu_seconds(pid)
+        each = [at_end[member] - cpu_at_start[0].get(member, 0.0) for member in at_end]
+        busy = sum(each)
         print(
             f"  worker CPU {busy:.1f} s in {seconds:.1f} s ({busy / seconds:.0%} of one core; "
-            "the rest it waits for Kafka)",
+            + (
+                f"per process {', '.join(f'{part:.1f} s' for part in each)}; "
+                if len(each) > 1
+                else ""
+            )
+            + "the rest it waits for Kafka)",
             flush=True,
         )
         print(stage_breakdown(port), flush=True)
@@ -626,10 +661,13 @@ def run_section(name: str) -> None:
     print(flush=True)
 
 
+PIPELINES = {"pipeline": 1, "pipeline-2proc": 2}
+"""The pipeline contestants: the worker with its stages in this many processes."""
 CONTESTANTS = (
     "ceiling",
     "floor",
     "pipeline",
+    "pipeline-2proc",
     "latency",
     "librdkafka",
     "client-floor",
@@ -694,6 +732,12 @@ def main() -> int:
         + "; e.g. `--contestants pipeline,kstreams,librdkafka --sections ''` for the new ones",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the pipeline contestants this many times, alternating (medians printed)",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         help="sample the pipeline's worker with py-spy and summarise it",
@@ -739,13 +783,34 @@ def main() -> int:
             print(
                 f"engine floor (Faust agent, no work):        {floor:>10,.0f} events/s", flush=True
             )
-        if "pipeline" in chosen:
-            pipeline = run_pipeline(bootstrap, raw_topic, count, workdir, args.profile)
-            print(
-                f"pipeline  (full worker):                    {pipeline.rate:>10,.0f} events/s; "
-                f"worker {per_delivery(pipeline.cpu_seconds, count)}",
-                flush=True,
-            )
+        runs: dict[str, list[PipelineRun]] = {}
+        for _ in range(args.rounds):
+            for name, processes in PIPELINES.items():
+                if name not in chosen:
+                    continue
+                run = run_pipeline(
+                    bootstrap, raw_topic, count, workdir, args.profile, processes=processes
+                )
+                runs.setdefault(name, []).append(run)
+                print(
+                    f"{name:<15}(full worker, {processes} process{'es' if processes > 1 else ''}):"
+                    f"  {run.rate:>10,.0f} events/s; worker {per_delivery(run.cpu_seconds, count)}",
+                    flush=True,
+                )
+        # The ratios below are the default worker's (stream.stage_processes), when it ran.
+        default = StreamConfig().stage_processes
+        ran = sorted(runs.items(), key=lambda item: PIPELINES[item[0]] != default)
+        pipeline = next((found[0] for _, found in ran), None)
+        if args.rounds > 1 or len(runs) > 1:
+            for name, found in runs.items():
+                rates = sorted(run.rate for run in found)
+                cpus = sorted(run.cpu_seconds for run in found)
+                print(
+                    f"{name}: median of {len(found)}: {rates[len(rates) // 2]:,.0f} events/s "
+                    f"(range {rates[0]:,.0f}-{rates[-1]:,.0f}), "
+                    f"{per_delivery(cpus[len(cpus) // 2], count)}",
+                    flush=True,
+                )
         if "latency" in chosen:
             delays = asyncio.run(latency(bootstrap, args.rate, args.seconds, workdir))
         if "librdkafka" in chosen:

@@ -15,8 +15,8 @@ partitions. Then:
 1. Restore: start `faust -A streams worker` with an EMPTY state directory and time it until
    `/ready` answers 200 (readiness waits for the state restore). The same start against a
    second fresh app id with an empty changelog gives the fixed start-up cost, which is
-   subtracted. The worker's RSS (VmRSS of /proc/<pid>/status, and its peak VmHWM) is read
-   as soon as it is ready.
+   subtracted. The worker's RSS (VmRSS of /proc/<pid>/status, and its peak VmHWM; with its
+   stage child process' added) is read as soon as it is ready.
 2. Disk: the worker is stopped (SIGTERM: the store flushes and closes its databases), the
    files of the `seen-*.db` databases are summed, all of them (SST, MANIFEST, OPTIONS, the
    info LOGs, ...), and the live ids counted by opening them read-only.
@@ -82,6 +82,7 @@ from benchmarks.harness import (
     kafka_args,
     kafka_settings,
     metric,
+    process_tree,
 )
 from streams.config import Settings, load_settings, parse_duration
 from streams.core.emitting import (
@@ -231,12 +232,13 @@ class Start:
 
 
 def memory(pid: int) -> tuple[int, int]:
-    """(VmRSS, VmHWM) of a process, bytes."""
-    found = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name in ("VmRSS", "VmHWM"):
-            found[name] = int(rest.split()[0]) * 1024  # kB
+    """(VmRSS, VmHWM) of a process and its children (a stage child process), bytes."""
+    found = {"VmRSS": 0, "VmHWM": 0}
+    for member in process_tree(pid):
+        for line in Path(f"/proc/{member}/status").read_text().splitlines():
+            name, _, rest = line.partition(":")
+            if name in found:
+                found[name] += int(rest.split()[0]) * 1024  # kB
     return found["VmRSS"], found["VmHWM"]
 
 

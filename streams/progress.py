@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -36,6 +38,9 @@ be longer: k8s/base/worker.yaml gives 120 s)."""
 EXIT_STOP_TIMEOUT = 3
 """The worker's exit code when the grace period ran out before it was done stopping (it is
 ended there; nothing uncommitted is lost: it is read again on the next start)."""
+FINISH_SHARE = 0.5
+"""Of the grace period (STOP_GRACE_S), the part batches in hand may take to finish; the rest
+is for abandoning what did not, closing the clients and Faust's own shutdown."""
 LOG_EVERY_S = 5.0
 """At most one log line per stage and cause this often."""
 STUCK_AFTER_S = 5.0
@@ -227,3 +232,17 @@ class StallWatch:
     def _report(self, cause: str, why: str, since: float) -> None:
         self._stalled = True
         self.progress.trouble(self.stage, f"stall:{cause}", why, self.WHO, since=since)
+
+
+def arm_stop_watchdog(grace_s: float) -> None:
+    """End the process `grace_s` from now (EXIT_STOP_TIMEOUT) if it has not ended by then: a
+    thread, so that it fires even when the event loop is blocked."""
+
+    def expire() -> None:
+        log.error("stopping took longer than %.0f s: exiting now", grace_s)
+        logging.shutdown()
+        os._exit(EXIT_STOP_TIMEOUT)
+
+    timer = threading.Timer(grace_s, expire)
+    timer.daemon = True
+    timer.start()

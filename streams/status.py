@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -40,6 +40,8 @@ LAST_RECORDS = 4
 transaction's commit marker takes an offset too, so the last one may be no record."""
 HTTP_TIMEOUT_S = 2.0
 STAGES = ("normalize", "emit")
+SampleReader = Callable[[str, dict[str, str]], float | None]
+"""A sample's value by its name and labels (None: no such sample)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,33 +502,33 @@ def progress_line(
 class ProgressReporter:
     """Reads the worker's counters for `progress_line`, remembering the last reading so each
     line covers the time since the previous one. The lag is the worker's own
-    `storage_events_stage_lag` gauge (its partitions' end minus its position)."""
+    `storage_events_stage_lag` gauge (its partitions' end minus its position). `read`: a
+    sample's value by name and labels (default: this process' registry; a worker running a
+    stage per process reads its child's too, streams.stages.supervisor)."""
 
-    def __init__(self) -> None:
+    def __init__(self, read: SampleReader | None = None) -> None:
+        if read is None:
+            from prometheus_client import REGISTRY
+
+            read = REGISTRY.get_sample_value
+        self._read = read
         self._last = self.counts()
 
-    @staticmethod
-    def counts() -> ProgressCounts:
-        from prometheus_client import REGISTRY
-
+    def counts(self) -> ProgressCounts:
+        read = self._read
         records = {
-            stage: REGISTRY.get_sample_value("storage_events_stage_records_total", {"stage": stage})
-            or 0.0
+            stage: read("storage_events_stage_records_total", {"stage": stage}) or 0.0
             for stage in STAGES
         }
         letters = sum(
-            REGISTRY.get_sample_value("storage_events_dead_lettered_total", {"stage": stage}) or 0.0
-            for stage in STAGES
+            read("storage_events_dead_lettered_total", {"stage": stage}) or 0.0 for stage in STAGES
         )
         return ProgressCounts(time.monotonic(), records, letters)
 
-    @staticmethod
-    def lags() -> dict[str, int | None]:
-        from prometheus_client import REGISTRY
-
+    def lags(self) -> dict[str, int | None]:
         lags: dict[str, int | None] = {}
         for stage in STAGES:
-            value = REGISTRY.get_sample_value("storage_events_stage_lag", {"stage": stage})
+            value = self._read("storage_events_stage_lag", {"stage": stage})
             lags[stage] = None if value is None else int(value)
         return lags
 

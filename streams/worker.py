@@ -23,40 +23,47 @@ letter of the input it came from and the batch goes on. A stage that cannot make
 streams.progress). SIGTERM stops the worker within `STOP_GRACE_S`: batches that cannot finish
 are abandoned uncommitted (read again on the next start); exit 0, or `EXIT_STOP_TIMEOUT` if
 even closing the clients ran out of time.
+
+With `stream.stage_processes = 2` this process runs the normalize stage and a child process
+the emit stage (streams.stages.child, supervised by streams.stages.supervisor): SIGTERM
+reaches both, the child's end stops the worker with the child's exit code, and `/ready`,
+`/metrics`, the progress line and the ready line cover both processes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import faust
 from aiokafka.errors import KafkaError
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from streams.config import ConfigError, Settings, load_settings
 from streams.core.rules import open_instances_warning
 from streams.engine.librdkafka.group_config import kip848_refusal, versions_by_broker
 from streams.engine.store import STATE_DIR_MODE, private
 from streams.engine.topics import ensure_topics, resolve_repartition_topic, topology
+from streams.exposition import merge
 from streams.kafka_settings import KafkaAccessError, KafkaRefusalWording
 from streams.logs import install_kafka_log_filter, plain_unless_terminal
-from streams.progress import EXIT_STOP_TIMEOUT, STOP_GRACE_S, Stopping
-from streams.stages.pipeline import Pipeline
+from streams.progress import STOP_GRACE_S, arm_stop_watchdog
+from streams.stages.channel import StageView
+from streams.stages.pipeline import STAGE_NAMES, Pipeline
+from streams.stages.supervisor import StageProcess
+from streams.status import ProgressReporter
 
 log = logging.getLogger(__name__)
 
-FINISH_SHARE = 0.5
-"""Of the grace period (STOP_GRACE_S), the part batches in hand may take to finish; the rest
-is for abandoning what did not, closing the clients and Faust's own shutdown."""
+CHILD_STAGES = ("emit",)
+"""The stages a child process runs when the worker runs a stage per process (the heavier one,
+with the state, its sweep and the transactions: the worker's process has Faust, the pages and
+the timers besides its stage; BENCHMARKS.md, "Issue 22: a process per stage")."""
 
 
 def _load() -> Settings:
@@ -143,6 +150,10 @@ class StreamsApp(faust.App):
         self.settings = settings
         self.pipeline: Pipeline | None = None
         """The worker's pipeline once started (its clients are made inside the event loop)."""
+        self.stage_process: StageProcess | None = None
+        """The child process running CHILD_STAGES, with `stream.stage_processes = 2`."""
+        self.reporter: ProgressReporter | None = None
+        """The progress line's counters (both processes')."""
         self.ready_announced = False
         """Whether the one `ready:` line was logged (the first time both stages had their
         partitions and the state was restored)."""
@@ -152,13 +163,22 @@ class StreamsApp(faust.App):
         its pages are. At WARNING, so that Faust's default level (WARN) shows it: the one
         sign of life at that level, besides Faust's banner."""
         pipeline = self.pipeline
+        child = self.stage_process
+        view = child.last if child is not None else None
         if self.ready_announced or pipeline is None or not pipeline.ready:
+            return
+        if child is not None and (view is None or not view.ready):
             return
         self.ready_announced = True
         stream = self.settings.stream
         stages = ", ".join(
             f"{loop.name} ({len(loop.owned)} partitions)" for loop in pipeline.stages
         )
+        if child is not None and view is not None:
+            stages += "".join(
+                f", {name} ({owned} partitions; process {child.pid})"
+                for name, owned in view.owned.items()
+            )
         log.warning(
             "ready: stages %s; state in RocksDB at %s (Faust's banner `store` is its own "
             "table store, unused); web http://%s:%d",
@@ -167,6 +187,44 @@ class StreamsApp(faust.App):
             stream.web_host,
             stream.web_port,
         )
+
+    async def child_view(self) -> StageView | None:
+        """The child process' view now (None: no child, or it does not answer)."""
+        child = self.stage_process
+        return await child.view() if child is not None else None
+
+    def read_sample(self, name: str, labels: dict[str, str]) -> float | None:
+        """A sample's value, both processes' (the child's as of its latest view)."""
+        value = REGISTRY.get_sample_value(name, labels)
+        child = self.stage_process
+        if child is None:
+            return value
+        theirs = child.last_samples.get((name, tuple(sorted(labels.items()))))
+        if theirs is None:
+            return value
+        return theirs if value is None else value + theirs
+
+    def stage_status(self, view: StageView | None) -> tuple[bool, dict[str, dict[str, object]]]:
+        """Whether every stage serves (its partitions, the state restored, stuck on
+        nothing), and each stage's state: this process' and its child's."""
+        pipeline = self.pipeline
+        if pipeline is None:
+            return False, {}
+        stages = pipeline.status()
+        ready = pipeline.ready
+        child = self.stage_process
+        if child is not None:
+            if view is None:
+                ready = False
+                why = "its process " + (
+                    "ended" if child.exit_code is not None else "does not answer"
+                )
+                stages.update({name: {"assigned": False, "why": why} for name in child.stages})
+            else:
+                ready = ready and view.ready
+                stages.update(view.status)
+        stuck = any("why" in stage for stage in stages.values())
+        return ready and not stuck, stages
 
     async def on_first_start(self) -> None:
         # Retries (and says so) while Kafka is unreachable: a worker started before its
@@ -209,55 +267,41 @@ def create_app(settings: Settings) -> StreamsApp:
             open_instances = open_instances_warning(app.settings.instances)
             if open_instances is not None:
                 log.warning("%s", open_instances)
-            pipeline = app.pipeline = Pipeline(app.settings, self._stop_on_failure)
-            # SIGUSR1 = stop and leave the groups for good (in place of mode's stack dump).
+            two = app.settings.stream.stage_processes == 2
+            runs = tuple(name for name in STAGE_NAMES if not two or name not in CHILD_STAGES)
+            pipeline = app.pipeline = Pipeline(app.settings, self._stop_on_failure, runs)
+            if two:
+                app.stage_process = StageProcess(CHILD_STAGES, app.settings)
+            app.reporter = ProgressReporter(app.read_sample)
+            # SIGUSR1 = stop and leave the groups for good (in place of mode's stack dump);
+            # with a child, once it has stopped (Pipeline.stop after wait_stopped).
             asyncio.get_running_loop().add_signal_handler(
                 signal.SIGUSR1, pipeline.departure.on_signal
             )
+            if app.stage_process is not None:
+                await app.stage_process.start()
             await pipeline.start()
             self._stages = tuple(asyncio.ensure_future(self._run(loop)) for loop in pipeline.stages)
 
         async def on_stop(self) -> None:
             """Within STOP_GRACE_S of now, whatever Kafka does: let each stage finish the
-            batch in hand for the first FINISH_SHARE of it (holding its lock keeps the next
-            one out), then abandon what did not finish (uncommitted, so read again on the
-            next start), stop the stages and close the clients. A watchdog ends the process
+            batch in hand for the first FINISH_SHARE of it (streams.progress), then abandon
+            what did not finish (uncommitted, so read again on the next start), stop the
+            stages and close the clients (Pipeline.shut_down); a child process stops alike
+            meanwhile, and is awaited before the clients close. A watchdog ends the process
             at the deadline (EXIT_STOP_TIMEOUT) should anything still hang there."""
-            _arm_stop_watchdog(STOP_GRACE_S)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + STOP_GRACE_S - 2.0  # Faust's own shutdown comes after
-            finish_by = loop.time() + STOP_GRACE_S * FINISH_SHARE
+            arm_stop_watchdog(STOP_GRACE_S)
+            child = app.stage_process
+            if child is not None:
+                child.stop()
             pipeline = app.pipeline
-            held = []
-            if pipeline is not None:
-                for stage_loop in pipeline.stages:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(
-                            stage_loop.lock.acquire(), max(0.0, finish_by - loop.time())
-                        )
-                        held.append(stage_loop.lock)
-                for drain in (pipeline.normalizer.drain, pipeline.emitter.drain):
-                    with contextlib.suppress(Exception):  # a failure was logged by its stage
-                        await asyncio.wait_for(drain(), max(0.0, finish_by - loop.time()))
-                if pipeline.progress.stuck() or len(held) < 2:
-                    log.warning(
-                        "stopping: abandoning the batches that could not finish in %.0f s "
-                        "(they are read again on the next start): %s",
-                        STOP_GRACE_S * FINISH_SHARE,
-                        pipeline.status(),
-                    )
-                pipeline.abort()
-            for stage in self._stages:
-                stage.cancel()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    asyncio.gather(*self._stages, return_exceptions=True),
-                    max(0.1, deadline - loop.time()),
-                )
-            for lock in held:
-                lock.release()  # leaving the group calls the revoke callback, which takes it
-            if pipeline is not None:
-                await pipeline.stop(deadline)
+            if pipeline is None:
+                for stage in self._stages:
+                    stage.cancel()
+                return
+            await pipeline.shut_down(
+                self._stages, STOP_GRACE_S, child.wait_stopped if child is not None else None
+            )
 
         async def _run(self, loop: Any) -> None:
             try:
@@ -288,74 +332,54 @@ def create_app(settings: Settings) -> StreamsApp:
     async def log_progress() -> None:
         """One line per interval: records/s per stage, lag, dead letters (streams.status)."""
         pipeline = app.pipeline
-        if pipeline is None or pipeline.progress.stopping:
+        if pipeline is None or pipeline.progress.stopping or app.reporter is None:
             return
-        log.info("%s", pipeline.reporter.line())
+        log.info("%s", app.reporter.line())
 
     @app.timer(interval=settings.stream.dedupe_sweep_interval_s)  # type: ignore[untyped-decorator]
     async def sweep_expired_ids() -> None:
+        """The state sweep, where this process runs the emit stage (Pipeline.sweep)."""
         pipeline = app.pipeline
-        # One at a time with the emit stage, so a sweep never deletes an id a batch just
-        # recorded.
-        if pipeline is None or pipeline.progress.stopping:
-            return
-        emitter = pipeline.emitter
-        emitter.sweeping = asyncio.current_task()
-        try:
-            async with pipeline.emit.lock:
-                if pipeline.emit.ready:
-                    await emitter.drain()
-                    await emitter.sweep(time.time())
-        except (asyncio.CancelledError, Stopping):
-            if not pipeline.progress.stopping:
-                raise
-        finally:
-            emitter.sweeping = None
+        if pipeline is not None:
+            await pipeline.sweep()
 
     @app.timer(interval=1.0)  # type: ignore[untyped-decorator]
     async def watch_stalls() -> None:
         """A stage that handles nothing while records wait, or that Kafka does not answer,
-        is reported (log, `storage_events_stage_stuck`, `/ready`)."""
+        is reported (log, `storage_events_stage_stuck`, `/ready`). A child process watches
+        its own stages; its view is read here, for the progress and ready lines."""
         pipeline = app.pipeline
         if pipeline is not None and not pipeline.progress.stopping:
             await pipeline.watch_stalls()
+            await app.child_view()
             app.announce_ready()
 
     @app.page("/metrics")
     async def metrics_page(web: Any, request: Any) -> Any:
-        return web.bytes(generate_latest(), content_type=CONTENT_TYPE_LATEST.split(";")[0])
+        """This process' metrics, merged with its child's (streams.exposition): a child
+        that does not answer is served as of its latest view, so counters never go back."""
+        text = generate_latest()
+        child = app.stage_process
+        if child is not None:
+            view = await child.view() or child.last
+            if view is not None:
+                text = merge([text.decode(), view.metrics])
+        return web.bytes(text, content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
     @app.page("/ready")
     async def ready_page(web: Any, request: Any) -> Any:
         """200 once both stages have their partitions and the state is restored, and no
         stage has been unable to make progress for streams.progress.STUCK_AFTER_S; else 503,
         with each stage's state and what it is stuck on (`why`, `for_s`)."""
-        pipeline = app.pipeline
-        stages = pipeline.status() if pipeline is not None else {}
-        stuck = any("why" in stage for stage in stages.values())
-        ready = pipeline is not None and pipeline.ready and not stuck
+        ready, stages = app.stage_status(await app.child_view())
         body = {
             "ready": ready,
-            "tables_recovered": pipeline is not None and pipeline.emit.ready,
+            "tables_recovered": bool(stages.get("emit", {}).get("assigned")),
             "stages": stages,
         }
         return web.json(body, status=200 if ready else 503)
 
     return app
-
-
-def _arm_stop_watchdog(grace_s: float) -> None:
-    """End the process `grace_s` from now if it has not ended by then: a thread, so that it
-    fires even when the event loop is blocked."""
-
-    def expire() -> None:
-        log.error("stopping took longer than %.0f s: exiting now", grace_s)
-        logging.shutdown()
-        os._exit(EXIT_STOP_TIMEOUT)
-
-    timer = threading.Timer(grace_s, expire)
-    timer.daemon = True
-    timer.start()
 
 
 def _worker_app() -> StreamsApp:

@@ -19,10 +19,12 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import AdminClient
 
+from streams.engine.librdkafka import librdkafka_log
 from streams.kafka_settings import KafkaSettings
 
 BINDING_FILE = "binding.json"
@@ -105,9 +107,12 @@ def fetch_binding(kafka: KafkaSettings | str, topics: Iterable[str]) -> Binding:
     A topic the cluster does not have raises KafkaException (UNKNOWN_TOPIC_OR_PART): there is
     no changelog to bind to, and the caller retries."""
     topics = sorted(topics)
-    admin = AdminClient(
-        {**KafkaSettings.of(kafka).librdkafka_config(), "client.id": "storage-events-binding"}
-    )
+    config: dict[str, Any] = {
+        **KafkaSettings.of(kafka).librdkafka_config(),
+        "client.id": "storage-events-binding",
+        "logger": librdkafka_log(),  # its lines through the log, never raw on stderr
+    }
+    admin = AdminClient(config)
     cluster = admin.describe_cluster(request_timeout=TIMEOUT_S).result(TIMEOUT_S + 5)
     described = admin.describe_topics(TopicCollection(topics), request_timeout=TIMEOUT_S)
     found: dict[str, str | None] = {}

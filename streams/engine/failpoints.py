@@ -5,6 +5,8 @@ reaches `<point>`, so that a test can crash it exactly where a guarantee is at s
 
 * `after-output`: a batch's output records are acknowledged by Kafka (or its transaction
   committed), its state and input offsets are not yet recorded.
+* `stage-process-start`: a stage child process (`stream.stage_processes = 2`) has its
+  settings and has not started its clients yet.
 
 `STREAMS_UNWRITABLE_TOPIC=<topic>` makes every write of the worker that includes a record for
 `<topic>` fail as if Kafka were away (KafkaConnectionError), for as long as the process runs:

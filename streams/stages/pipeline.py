@@ -4,6 +4,9 @@ consumer.RdBatchLoop), the producer, the emit member's transactions and the stat
     raw topics --normalize--> repartition topic (key = instance/bucket/key) --emit--> outputs
 
 The process around it (the Faust app, its web pages, signals, timers) is streams.worker.
+A pipeline may run only some of its stages (`runs`): with `stream.stage_processes = 2` the
+worker's process runs `normalize` and a child process `emit` (streams.stages.child), each
+with its own clients; the other stage's objects are made but never started.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Iterable
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
@@ -38,12 +42,13 @@ from streams.engine.topics import (
     changelog_topic,
     topology,
 )
-from streams.progress import Progress, StallWatch
+from streams.progress import FINISH_SHARE, Progress, StallWatch, Stopping
 from streams.stages.emit import EmitStage
 from streams.stages.normalize import NormalizeStage
-from streams.status import ProgressReporter
 
 log = logging.getLogger(__name__)
+
+STAGE_NAMES = ("normalize", "emit")
 
 
 class Pipeline:
@@ -53,9 +58,12 @@ class Pipeline:
         self,
         settings: Settings,
         stop_on_failure: Callable[[str, BaseException], Awaitable[None]],
+        runs: Iterable[str] = STAGE_NAMES,
     ) -> None:
         self.settings = settings
         stream = settings.stream
+        self.runs = tuple(name for name in STAGE_NAMES if name in set(runs))
+        """The stages this process runs (both, unless the worker runs a stage per process)."""
         self.stop_on_failure = stop_on_failure
         """Called with the stage's name when work running outside a stage's loop fails."""
         self.normalize_group = f"{stream.app_id}-normalize"
@@ -72,8 +80,6 @@ class Pipeline:
         )
         self.stalls = {name: StallWatch(self.progress, name) for name in ("normalize", "emit")}
         """Per stage: whether its consumer handles what waits (streams.progress)."""
-        self.reporter = ProgressReporter()
-        """The progress line logged every `stream.progress_interval_s` (streams.status)."""
         self.sender = RdRecordSender(
             settings.kafka,
             f"{stream.app_id}-sender",
@@ -139,8 +145,13 @@ class Pipeline:
         )
 
     @property
-    def stages(self) -> tuple[RdBatchLoop, RdBatchLoop]:
-        return (self.normalize, self.emit)
+    def stages(self) -> tuple[RdBatchLoop, ...]:
+        """The stage loops this process runs."""
+        return tuple(loop for loop in (self.normalize, self.emit) if loop.name in self.runs)
+
+    @property
+    def runs_emit(self) -> bool:
+        return "emit" in self.runs
 
     def _consumer_config(self, group_id: str, member: str) -> dict[str, object]:
         stream = self.settings.stream
@@ -182,25 +193,29 @@ class Pipeline:
 
     @property
     def ready(self) -> bool:
-        return self.normalize.ready and self.emit.ready
+        return all(loop.ready for loop in self.stages)
 
     async def start(self) -> None:
         stream = self.settings.stream
         if stream.group_protocol == "consumer":
             await configure_stage_groups(
                 self.settings.kafka,
-                (self.normalize_group, self.emit_group),
+                tuple(group for group, loop in self._groups() if loop in self.stages),
                 stream.session_timeout_s,
             )
         await self.sender.start()
-        if self.transactions is not None:
+        if self.transactions is not None and self.runs_emit:
             # Before the emit member joins: initialising the producer under this member's
             # transactional.id aborts what a killed predecessor left open, which the member's
             # committed-offset read (require_stable) would otherwise wait out.
             await self.transactions.prepare(set())
-        for group, loop in ((self.normalize_group, self.normalize), (self.emit_group, self.emit)):
-            await self._adopt_offsets(group, loop.topics)
-            await loop.start()
+        for group, loop in self._groups():
+            if loop in self.stages:
+                await self._adopt_offsets(group, loop.topics)
+                await loop.start()
+
+    def _groups(self) -> tuple[tuple[str, RdBatchLoop], ...]:
+        return ((self.normalize_group, self.normalize), (self.emit_group, self.emit))
 
     async def _adopt_offsets(self, group: str, topics: list[str]) -> None:
         """A stage group's first start after an upgrade from the Faust agents:
@@ -226,7 +241,7 @@ class Pipeline:
         ]
         if self.departure.leaving:  # a scale-in: its partitions move now, not in a session
             closing.append(("leaving the groups", self.departure.leave_stage_groups))
-        if self.transactions is not None:
+        if self.transactions is not None and self.runs_emit:
             closing.append(("the transactional producers", self.transactions.stop))
         closing.append(("the producer", self.sender.stop))
         try:
@@ -269,7 +284,79 @@ class Pipeline:
         stages: dict[str, dict[str, object]] = {
             loop.name: {"assigned": loop.ready, **stuck.pop(loop.name, {})} for loop in self.stages
         }
-        if self.emitter.restoring:
+        if self.emitter.restoring and self.runs_emit:
             stages["emit"]["restore"] = dict(self.emitter.restoring)
         stages.update(stuck)  # the sweep
         return stages
+
+    async def sweep(self) -> None:
+        """One turn of the state sweep (expired dedupe ids, deleted keys' marks), one at a
+        time with the emit stage, so that a sweep never deletes an id a batch just recorded."""
+        if self.progress.stopping or not self.runs_emit:
+            return
+        emitter = self.emitter
+        emitter.sweeping = asyncio.current_task()
+        try:
+            async with self.emit.lock:
+                if self.emit.ready:
+                    await emitter.drain()
+                    await emitter.sweep(time.time())
+        except (asyncio.CancelledError, Stopping):
+            if not self.progress.stopping:
+                raise
+        finally:
+            emitter.sweeping = None
+
+    async def finish(self, within_s: float) -> list[asyncio.Lock]:
+        """The first part of a stop: let each stage finish the batch in hand for `within_s`
+        (holding its lock keeps the next one out), then abandon what
+        did not finish (uncommitted, so read again on the next start). The locks held, to
+        release once the stage loops are cancelled (leaving the group calls the revoke
+        callback, which takes them)."""
+        loop = asyncio.get_running_loop()
+        finish_by = loop.time() + within_s
+        held = []
+        for stage_loop in self.stages:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stage_loop.lock.acquire(), max(0.0, finish_by - loop.time()))
+                held.append(stage_loop.lock)
+        drains = {"normalize": self.normalizer.drain, "emit": self.emitter.drain}
+        for name in self.runs:
+            with contextlib.suppress(Exception):  # a failure was logged by its stage
+                await asyncio.wait_for(drains[name](), max(0.0, finish_by - loop.time()))
+        if self.progress.stuck() or len(held) < len(self.stages):
+            log.warning(
+                "stopping: abandoning the batches that could not finish in %.0f s (they are "
+                "read again on the next start): %s",
+                within_s,
+                self.status(),
+            )
+        self.abort()
+        return held
+
+    async def shut_down(
+        self,
+        running: Iterable[asyncio.Future[None]],
+        grace_s: float,
+        before_closing: Callable[[float], Awaitable[None]] | None = None,
+    ) -> None:
+        """Stop within `grace_s` of now, whatever Kafka does: the batches in hand finish for
+        the first FINISH_SHARE of it (`finish`), the stage loops (`running`) are cancelled,
+        then `before_closing` (given the deadline, loop time) and the clients close
+        (`stop`). The last 2 s are left to the process' own shutdown."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s - 2.0
+        held = await self.finish(grace_s * FINISH_SHARE)
+        running = list(running)
+        for stage in running:
+            stage.cancel()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*running, return_exceptions=True),
+                max(0.1, deadline - loop.time()),
+            )
+        for lock in held:
+            lock.release()  # leaving the group calls the revoke callback, which takes it
+        if before_closing is not None:
+            await before_closing(deadline)
+        await self.stop(deadline)

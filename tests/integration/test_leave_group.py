@@ -139,9 +139,13 @@ def b_owns_everything(bootstrap: str, names: Topology) -> bool:
 
 @pytest.mark.parametrize(
     ("two_workers", "how"),
-    [({}, "SIGUSR1"), ({"STREAMS_LEAVE_GROUP_ON_STOP": "true"}, "SIGTERM")],
+    [
+        ({}, "SIGUSR1"),
+        ({"STREAMS_LEAVE_GROUP_ON_STOP": "true"}, "SIGTERM"),
+        ({"STREAMS_STAGE_PROCESSES": "2"}, "SIGUSR1"),  # the emit member is the child's
+    ],
     indirect=["two_workers"],
-    ids=["SIGUSR1", "STREAMS_LEAVE_GROUP_ON_STOP"],
+    ids=["SIGUSR1", "STREAMS_LEAVE_GROUP_ON_STOP", "SIGUSR1-stage-processes"],
 )
 def test_a_static_member_leaving_for_good_hands_its_partitions_over_at_once(
     kafka_bootstrap: str,
