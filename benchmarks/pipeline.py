@@ -519,6 +519,7 @@ def run_pipeline(
                 [
                     *(str(PY_SPY), "record", "--pid", str(pid), "--rate", "200"),
                     *("--idle", "--nonblocking", "--format", "raw", "--output", str(profile)),
+                    *(("--subprocesses",) if processes > 1 else ()),  # the stage child too
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

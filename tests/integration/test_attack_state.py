@@ -23,8 +23,7 @@ from typing import Any
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
-from support.kafka_io import Header, produce, raw, read_topic
+from support.kafka_io import Header, produce, produce_to, raw, read_topic
 from support.payloads import (
     appwrite_body,
     azure_event,
@@ -278,16 +277,6 @@ def test_keys_climbing_out_of_the_prefix_reach_no_tenant(stream: Stream) -> None
 
 
 # --- upgrade: state written with the keys of before scopes --------------------------------------
-
-
-async def produce_to(bootstrap: str, topic: str, records: list[tuple[int, bytes, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        for partition, key, value in records:
-            await producer.send_and_wait(topic, value, key=key, partition=partition)
-    finally:
-        await producer.stop()
 
 
 def test_state_written_before_scopes_still_dedupes_and_orders(

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaProducer
-from support.kafka_io import produce, raw, read_topic
+from support.kafka_io import produce, produce_to, raw, read_topic
 from support.payloads import azure_event, s3_body, s3_record, sns_envelope
 from support.worker import Topology, Worker
 
@@ -48,16 +47,6 @@ def event_of(value: bytes | str, source: str) -> FileEvent:
     body = value.encode() if isinstance(value, str) else value
     [event] = normalize(Delivery(source=source, body=body))
     return event
-
-
-async def produce_to(bootstrap: str, topic: str, records: list[tuple[int, bytes, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
-    await producer.start()
-    try:
-        for partition, key, value in records:
-            await producer.send_and_wait(topic, value, key=key, partition=partition)
-    finally:
-        await producer.stop()
 
 
 def test_state_of_two_tables_still_dedupes_and_orders_after_the_upgrade(

@@ -51,6 +51,18 @@ async def produce(
         await producer.stop()
 
 
+async def produce_to(bootstrap: str, topic: str, records: list[tuple[int, bytes, bytes]]) -> None:
+    """(partition, key, value) records, each to its partition, in order (a changelog as a
+    worker of an earlier version wrote it)."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    try:
+        for partition, key, value in records:
+            await producer.send_and_wait(topic, value, key=key, partition=partition)
+    finally:
+        await producer.stop()
+
+
 def raw(value: bytes | str, source: str, **headers: str) -> tuple[bytes, list[Header]]:
     """A raw delivery as a bridge publishes it; `header_x=...` become `header.x` headers."""
     body = value.encode() if isinstance(value, str) else value
