@@ -331,11 +331,12 @@ class EmitStage:
         )
 
     async def sweep(self, now: float) -> None:
-        """Forget dedupe entries past their TTL and deleted keys' marks past their grace
-        (stamping those written before marks expired: streams.core.emitting.mark_revision),
-        locally and (by tombstones) in the changelog. One turn reads a bounded number of
-        entries per partition (streams.core.emitting.SEEN_SWEEP_SCAN, MARKS_SWEEP_SCAN),
-        from where the previous turn stopped."""
+        """Forget spilled dedupe ids past their TTL and keys' records past their end (a
+        deleted key's, past its grace; stamping deleted marks written before marks expired:
+        streams.core.emitting.key_revision), locally and (by tombstones) in the changelog.
+        One turn reads a bounded number of entries per partition
+        (streams.core.emitting.SEEN_SWEEP_SCAN, KEYS_SWEEP_SCAN), from where the previous
+        turn stopped."""
         writes: dict[tuple[str, int], dict[bytes, bytes | None]] = {}
 
         def expire(key: bytes, stored: bytes) -> Revision | None:
@@ -379,10 +380,20 @@ class EmitStage:
         costs one seek. Interrupted, it starts over where `marks` still has entries."""
         for partition in sorted(partitions):
             moved = 0
+            previous: bytes | None = None
             while True:
                 chunk = self.store.entries(MARKS, partition, MIGRATE_CHUNK)
                 if not chunk:
                     break
+                if chunk[0][0] == previous:  # its tombstone was not written: never loop
+                    log.error(
+                        "state of partition %d: %d marks could not be moved into per-key "
+                        "records (Kafka refused their tombstones); kept, for the next restore",
+                        partition,
+                        len(chunk),
+                    )
+                    break
+                previous = chunk[0][0]
                 records: dict[bytes, bytes | None] = {}
                 for key, stored in chunk:
                     if self.store.get(KEYS, partition, key) is None:
