@@ -137,10 +137,16 @@ class StageChild:
             self.stop_requested.set()
 
     async def _every(self, interval_s: float, work: Callable[[], Awaitable[None]]) -> None:
+        """A timer, as Faust's in the worker: `work` failing stops the child (a bug)."""
         while True:
             await asyncio.sleep(interval_s)
-            if not self.pipeline.progress.stopping:
+            if self.pipeline.progress.stopping:
+                continue
+            try:
                 await work()
+            except Exception as exc:
+                await self._stop_on_failure("/".join(self.pipeline.runs), exc)
+                return
 
     async def _run(self, stage: RdBatchLoop) -> None:
         try:
