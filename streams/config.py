@@ -426,12 +426,13 @@ class StreamConfig(_Strict):
     event loop, as before 2026-12.
 
     2 by default, from `make bench` (BENCHMARKS.md, "Issue 22: a process per stage"): on 2
-    cores, 3 alternating pairs of 200,000 deliveries, two processes ran at 1.37-1.77x one
-    process' events/s (medians 3,506 against 2,391) for the same CPU per delivery (191
-    against 201 µs, both processes counted): the split costs nothing measurable and the work
-    halves evenly (emit 46%, normalize with Faust 54%). Set 1 where the worker gets one core
-    (a second process then only takes memory: its RSS was 106 MiB beside the worker's 123 MiB,
-    20,000 ids in the state)."""
+    cores shared with the broker, 12 alternating pairs (100,000-200,000 deliveries), two
+    processes ran at a median 1.35x one process' events/s (0.66-3.5x; 9 of 12 pairs above 1,
+    the quietest run's median 1.15x) for the same CPU per delivery (medians 192 against 216
+    µs, both processes counted): the split costs nothing measurable, halves the work evenly
+    (emit 44-48%, normalize with Faust 52-56%) and pays wherever one core is the limit. Set 1
+    where the worker gets one core: a second process then only takes memory (its RSS was 106
+    MiB beside the worker's 123 MiB, 20,000 ids in the state)."""
     leave_group_on_stop: bool = False
     """A static member leaves its groups when it stops (env STREAMS_LEAVE_GROUP_ON_STOP): for
     a worker that is not coming back (a scale-in), so its partitions move at once instead of

@@ -216,9 +216,12 @@ class StreamsApp(faust.App):
         if child is not None:
             if view is None:
                 ready = False
-                why = "its process " + (
-                    "ended" if child.exit_code is not None else "does not answer"
-                )
+                if child.exit_code is not None:
+                    why = "its process ended"
+                elif child.started:
+                    why = "its process does not answer"
+                else:
+                    why = "its process is starting"
                 stages.update({name: {"assigned": False, "why": why} for name in child.stages})
             else:
                 ready = ready and view.ready
@@ -231,6 +234,11 @@ class StreamsApp(faust.App):
         # broker waits for it. Refused credentials or an untrusted certificate stop it with
         # one line naming the setting (exit 2): waiting would not change them. Later, the
         # clients' own lines about them are reworded (KafkaRefusalWording).
+        if self.settings.stream.stage_processes == 2:
+            # Its imports meanwhile; it starts its stages once PipelineService hands it the
+            # settings, the repartition topic resolved.
+            self.stage_process = StageProcess(CHILD_STAGES)
+            await self.stage_process.spawn()
         KafkaRefusalWording(self.settings.kafka).install()
         log.info("Kafka: %s", self.settings.kafka.describe())
         try:
@@ -267,19 +275,17 @@ def create_app(settings: Settings) -> StreamsApp:
             open_instances = open_instances_warning(app.settings.instances)
             if open_instances is not None:
                 log.warning("%s", open_instances)
-            two = app.settings.stream.stage_processes == 2
-            runs = tuple(name for name in STAGE_NAMES if not two or name not in CHILD_STAGES)
+            child = app.stage_process
+            runs = tuple(name for name in STAGE_NAMES if child is None or name not in child.stages)
             pipeline = app.pipeline = Pipeline(app.settings, self._stop_on_failure, runs)
-            if two:
-                app.stage_process = StageProcess(CHILD_STAGES, app.settings)
             app.reporter = ProgressReporter(app.read_sample)
             # SIGUSR1 = stop and leave the groups for good (in place of mode's stack dump);
             # with a child, once it has stopped (Pipeline.stop after wait_stopped).
             asyncio.get_running_loop().add_signal_handler(
                 signal.SIGUSR1, pipeline.departure.on_signal
             )
-            if app.stage_process is not None:
-                await app.stage_process.start()
+            if child is not None:
+                await child.start(app.settings)
             await pipeline.start()
             self._stages = tuple(asyncio.ensure_future(self._run(loop)) for loop in pipeline.stages)
 

@@ -63,11 +63,14 @@ def die_with_parent(parent: int) -> None:
 class StageChild:
     """The child's stages, run until asked to stop or one fails."""
 
-    def __init__(self, settings: Settings, stages: tuple[str, ...], parent: int) -> None:
+    def __init__(
+        self, settings: Settings, stages: tuple[str, ...], parent: int, stop: asyncio.Event
+    ) -> None:
         self.settings = settings
         self.parent = parent
         self.pipeline = Pipeline(settings, self._stop_on_failure, runs=stages)
-        self.stop_requested = asyncio.Event()
+        self.stop_requested = stop
+        """Set by SIGTERM or SIGINT (handlers of `_main`), the worker gone, a stage failed."""
         self.exit_code = 0
         self.started = False
         self._failed = False
@@ -75,8 +78,6 @@ class StageChild:
     async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int:
         """Start, serve, stop; the exit code."""
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop_requested.set)
         loop.add_signal_handler(signal.SIGUSR1, lambda: os.kill(self.parent, signal.SIGUSR1))
         answering = asyncio.ensure_future(self._answer(reader, writer))
         failpoints.reached("stage-process-start")
@@ -136,10 +137,16 @@ class StageChild:
             self.stop_requested.set()
 
     async def _every(self, interval_s: float, work: Callable[[], Awaitable[None]]) -> None:
+        """A timer, as Faust's in the worker: `work` failing stops the child (a bug)."""
         while True:
             await asyncio.sleep(interval_s)
-            if not self.pipeline.progress.stopping:
+            if self.pipeline.progress.stopping:
+                continue
+            try:
                 await work()
+            except Exception as exc:
+                await self._stop_on_failure("/".join(self.pipeline.runs), exc)
+                return
 
     async def _run(self, stage: RdBatchLoop) -> None:
         try:
@@ -165,8 +172,23 @@ class StageChild:
 
 
 async def _main(stages: tuple[str, ...], fd: int, parent: int) -> int:
+    """Wait for the worker's settings (stopping meanwhile if told to), then run."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     reader, writer = await asyncio.open_unix_connection(sock=socket.socket(fileno=fd))
-    settings = await receive(reader)
+    receiving = asyncio.ensure_future(receive(reader))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({receiving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not receiving.done():  # the worker stopped before it started its stages
+        receiving.cancel()
+        return 0
+    stopping.cancel()
+    try:
+        settings = receiving.result()
+    except (asyncio.IncompleteReadError, ConnectionError):  # the worker is gone
+        return EXIT_START
     if not isinstance(settings, Settings):
         os.write(
             2,
@@ -175,7 +197,7 @@ async def _main(stages: tuple[str, ...], fd: int, parent: int) -> int:
         )
         return EXIT_START
     KafkaRefusalWording(settings.kafka).install()
-    return await StageChild(settings, stages, parent).run(reader, writer)
+    return await StageChild(settings, stages, parent, stop).run(reader, writer)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,9 +42,8 @@ def exit_status(returncode: int) -> int:
 class StageProcess:
     """A stage of the worker running in a child process, seen from the worker."""
 
-    def __init__(self, stages: tuple[str, ...], settings: Settings) -> None:
+    def __init__(self, stages: tuple[str, ...]) -> None:
         self.stages = stages
-        self.settings = settings
         self.process: asyncio.subprocess.Process | None = None
         self.stopping = False
         """Set once the worker stops: the child's end is then part of that stop."""
@@ -55,6 +54,8 @@ class StageProcess:
         self.last_samples: dict[SeriesKey, float] = {}
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._started = False
+        """Whether the child has its settings (the first message: no request before it)."""
         self._asking: asyncio.Future[StageView] | None = None
         self._watching: asyncio.Future[None] | None = None
 
@@ -63,12 +64,18 @@ class StageProcess:
         return "/".join(self.stages)
 
     @property
+    def started(self) -> bool:
+        """Whether the child was handed its settings (it starts its stages then)."""
+        return self._started
+
+    @property
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    async def start(self) -> None:
-        """Start the child with the worker's settings (the repartition topic resolved); the
-        worker exits with the child's code should it end before the worker (atexit)."""
+    async def spawn(self) -> None:
+        """Start the child process, early (its imports take a second or two, while the worker
+        creates its topics); it waits for `start`. From now on the worker exits with the
+        child's code should it end before the worker (atexit)."""
         ours, theirs = socket.socketpair()
         with theirs:
             self.process = await asyncio.create_subprocess_exec(
@@ -84,14 +91,20 @@ class StageProcess:
         atexit.register(self._exit_with_child_code)
         self._watching = asyncio.ensure_future(self._watch())
         self._reader, self._writer = await asyncio.open_unix_connection(sock=ours)
+
+    async def start(self, settings: Settings) -> None:
+        """Hand the child the worker's settings (the repartition topic resolved): it starts
+        its stages."""
+        assert self.process is not None and self._writer is not None, "not spawned"
         with contextlib.suppress(ConnectionError):
-            await send(self._writer, self.settings)
+            await send(self._writer, settings)
+        self._started = True
         log.info("the %s stage runs in process %d", self.name, self.process.pid)
 
     async def view(self, timeout_s: float = VIEW_TIMEOUT_S) -> StageView | None:
         """The child's view now; None if it does not answer within `timeout_s` (or is gone).
         A request outlasting it goes on: the next call waits for the same answer."""
-        if self.exit_code is not None or self._writer is None:
+        if self.exit_code is not None or not self._started:
             return None
         if self._asking is None or self._asking.done():
             self._asking = asyncio.ensure_future(self._ask())

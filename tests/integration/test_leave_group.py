@@ -142,10 +142,10 @@ def b_owns_everything(bootstrap: str, names: Topology) -> bool:
     [
         ({}, "SIGUSR1"),
         ({"STREAMS_LEAVE_GROUP_ON_STOP": "true"}, "SIGTERM"),
-        ({"STREAMS_STAGE_PROCESSES": "2"}, "SIGUSR1"),  # the emit member is the child's
+        ({"STREAMS_STAGE_PROCESSES": "1"}, "SIGUSR1"),  # both members in the one process
     ],
     indirect=["two_workers"],
-    ids=["SIGUSR1", "STREAMS_LEAVE_GROUP_ON_STOP", "SIGUSR1-stage-processes"],
+    ids=["SIGUSR1", "STREAMS_LEAVE_GROUP_ON_STOP", "SIGUSR1-one-process"],
 )
 def test_a_static_member_leaving_for_good_hands_its_partitions_over_at_once(
     kafka_bootstrap: str,

@@ -1,8 +1,9 @@
-"""A process per stage (`STREAMS_STAGE_PROCESSES=2`) on the real broker: one `faust -A
-streams worker` whose emit stage runs in a child process. Events flow end to end; `/ready` and
-`/metrics` cover both processes; SIGTERM stops both cleanly with nothing lost (exactly once
-across the restart); a child killed with -9 stops the worker with a non-zero code; a worker
-killed with -9 takes its child with it."""
+"""A process per stage (`STREAMS_STAGE_PROCESSES=2`, the default) on the real broker: one
+`faust -A streams worker` whose emit stage runs in a child process. Events flow end to end;
+`/ready` and `/metrics` cover both processes; SIGTERM stops both cleanly with nothing lost
+(exactly once across the restart); a child killed with -9 stops the worker with a non-zero
+code; a worker killed with -9 takes its child with it. And `STREAMS_STAGE_PROCESSES=1`: both
+stages in the worker's one process, as before."""
 
 from __future__ import annotations
 
@@ -175,3 +176,23 @@ def test_a_child_dying_at_start_up_stops_the_worker(kafka_bootstrap: str, tmp_pa
     log = worker.tail(200)
     assert "the emit stage's process ended with exit code 137 (ended by SIGKILL" in log
     assert "ready:" not in log
+
+
+def test_one_process_runs_both_stages_in_the_worker(kafka_bootstrap: str, tmp_path: Path) -> None:
+    names = Topology()
+    env = {"STREAMS_STAGE_PROCESSES": "1"}
+    worker = Worker(kafka_bootstrap, names.config(), tmp_path, env=env).start()
+    try:
+        assert worker.process is not None
+        assert child_pids(worker.process.pid) == []
+        asyncio.run(produce(kafka_bootstrap, names.raw, deliveries("one", 50), key=b"one"))
+        worker.wait_metric("storage_events_emitted_total", 50, instance="default")
+        status, body = worker._get("/ready") or (0, "{}")
+        assert status == 200, body
+        assert set(json.loads(body)["stages"]) == {"normalize", "emit"}
+        assert child_pids(worker.process.pid) == []
+        wait_for(lambda: "ready: stages" in worker.log_path.read_text(), 30, "the ready line")
+    finally:
+        assert worker.stop() == 0, worker.tail()
+    [ready] = [line for line in worker.log_path.read_text().splitlines() if "ready: stages" in line]
+    assert "process" not in ready.split("ready: stages", 1)[1].split(";")[0], ready
