@@ -47,14 +47,14 @@ def run(
     monkeypatch: pytest.MonkeyPatch,
     *arguments: str,
 ) -> int:
-    """One run as the command does it (`_run`: the run, then the push); the output-topic
+    """One run as the command does it (`_run`: the run, then the push); the keys-changelog
     read replaced by `known`."""
     parser = argparse.ArgumentParser()
     command.COMMAND.add_arguments(parser)
     args = parser.parse_args(["--instance", str(settings_instance["name"]), *arguments])
     settings = Topology().settings([settings_instance])
-    knowledge: Callable[..., Callable[[], list[Known]]] = lambda *_: lambda: list(known)  # noqa: E731
-    monkeypatch.setattr(command, "OutputTopicKnowledge", knowledge)
+    knowledge: Callable[..., Callable[[], list[Known]]] = lambda *_, **__: lambda: list(known)  # noqa: E731
+    monkeypatch.setattr(command, "KeysChangelogKnowledge", knowledge)
     return command._run(args, settings)
 
 
