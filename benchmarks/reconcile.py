@@ -46,6 +46,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import resource
 import subprocess
@@ -126,6 +127,7 @@ def moto_bucket(layout: Layout) -> tuple[str, Any]:
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     from benchmarks.harness import free_port
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -159,6 +161,50 @@ def put_bucket(endpoint: str, layout: Layout, concurrency: int) -> None:
 
     with ThreadPoolExecutor(concurrency) as pool:
         list(pool.map(put, range(layout.keys), chunksize=256))
+
+
+def gofakes3_bucket(binary: str, layout: Layout, concurrency: int) -> tuple[str, Any]:
+    """gofakes3 (memory backend) on a free port, filled with unsigned PUTs (it checks no
+    signature), a keep-alive connection per thread."""
+    import http.client
+
+    from benchmarks.harness import free_port
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+    port = free_port()
+    server = subprocess.Popen(
+        [binary, "-backend", "memory", "-host", f"127.0.0.1:{port}", "-initialbucket", BUCKET],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1)
+    local = threading.local()
+    started = time.monotonic()
+    done = 0
+    lock = threading.Lock()
+
+    def put(i: int) -> None:
+        nonlocal done
+        connection = getattr(local, "connection", None)
+        if connection is None:
+            connection = local.connection = http.client.HTTPConnection("127.0.0.1", port)
+        data = body(i)
+        connection.request(
+            "PUT", f"/{BUCKET}/{object_key(i)}", data, {"Content-Length": str(len(data))}
+        )
+        response = connection.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"PUT {object_key(i)}: HTTP {response.status}")
+        with lock:
+            done += 1
+            if done % 100_000 == 0:
+                log(f"gofakes3: {done} objects ({done / (time.monotonic() - started):.0f}/s)")
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(put, range(layout.keys), chunksize=1000))
+    return f"http://127.0.0.1:{port}", server
 
 
 def listing_alone(endpoint: str) -> tuple[float, int]:
@@ -293,11 +339,17 @@ def config(directory: Path, partitions: int) -> Path:
     return path
 
 
+PROFILE: list[str] = []
+"""`--profile DIR`: each run under cProfile, its stats in DIR/<name>.prof."""
+
+
 def run(
     name: str, cwd: Path, config_path: Path, endpoint: str, env: dict[str, str], *extra: str
 ) -> dict[str, Any]:
+    profile = ["-m", "cProfile", "-o", f"{PROFILE[0]}/{name}.prof"] if PROFILE else []
     command = [
         sys.executable,
+        *profile,
         "-m",
         "connectors",
         "--config",
@@ -314,7 +366,7 @@ def run(
         "600",
         *extra,
     ]
-    log(f"{name}: {' '.join(command[2:])} (cwd {cwd})")
+    log(f"{name}: {' '.join(command[2 + len(profile) :])} (cwd {cwd})")
     started = time.monotonic()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         process = subprocess.Popen(
@@ -326,9 +378,9 @@ def run(
         out.seek(0)
         err.seek(0)
         stdout, stderr = out.read().decode(), err.read().decode()
-    for line in stderr.splitlines():
-        if "progress" in line:
-            log(f"{name}: {line}")
+    progress = [line for line in stderr.splitlines() if "reconcile progress:" in line]
+    for line in progress:
+        log(f"{name}: {line}")
     if process.returncode != 0:
         raise RuntimeError(f"{name} failed ({process.returncode}): {stderr[-2000:]}")
     summary = stdout.strip().splitlines()[-1]
@@ -338,9 +390,23 @@ def run(
         "seconds": elapsed,
         "peak_rss_mib": usage.ru_maxrss / 1024,
         "summary": summary,
+        "phases": phase_ends(progress),
         "created": int(figures["created"]),
         "deleted": int(figures["deleted"]),
     }
+
+
+def phase_ends(progress: list[str]) -> dict[str, float]:
+    """The elapsed seconds at the last progress line of each phase (a long run prints one as
+    each phase ends)."""
+    ends: dict[str, float] = {}
+    for line in progress:
+        words = line.split()
+        phase = words[2]
+        for word in words:
+            if word.startswith("elapsed="):
+                ends[phase] = float(word.removeprefix("elapsed=").removesuffix("s"))
+    return ends
 
 
 def baseline_tree(commit: str, directory: Path) -> Path:
@@ -358,15 +424,25 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--drift", type=float, default=0.01)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--s3", default="moto", help="moto, or the URL of a running S3 server")
-    parser.add_argument("--put-concurrency", type=int, default=32)
+    parser.add_argument(
+        "--s3",
+        default="moto",
+        help="moto; gofakes3:PATH (that binary, memory backend); or a running server's URL",
+    )
+    parser.add_argument("--put-concurrency", type=int, default=4)
+    parser.add_argument(
+        "--listing-alone", action="store_true", help="also time a bare listing (boto3)"
+    )
     parser.add_argument(
         "--baseline-commit",
         default="32bb465",
         help="the code before the keys-changelog reader (default: the merge it started from)",
     )
     parser.add_argument("--skip", action="append", default=[], help="state, output, baseline")
+    parser.add_argument("--profile", metavar="DIR", help="run each reconcile under cProfile")
     args = parser.parse_args()
+    if args.profile:
+        PROFILE.append(str(Path(args.profile).resolve()))
 
     layout = Layout(args.keys, args.drift)
     expected = layout.expected()
@@ -381,6 +457,9 @@ def main() -> None:
             started = time.monotonic()
             if args.s3 == "moto":
                 endpoint, server = moto_bucket(layout)
+            elif args.s3.startswith("gofakes3:"):
+                binary = args.s3.removeprefix("gofakes3:")
+                endpoint, server = gofakes3_bucket(binary, layout, args.put_concurrency)
             else:
                 endpoint = args.s3
                 put_bucket(endpoint, layout, args.put_concurrency)
@@ -395,8 +474,10 @@ def main() -> None:
                 "state": topic_bytes(directory / "kafka", changelog),
                 "output": topic_bytes(directory / "kafka", output),
             }
-            listing_s, listed = listing_alone(endpoint)
-            log(f"listing alone: {listed} keys in {listing_s:.1f} s")
+            listing_s = None
+            if args.listing_alone:
+                listing_s, listed = listing_alone(endpoint)
+                log(f"listing alone: {listed} keys in {listing_s:.1f} s")
 
             config_path = config(directory, args.partitions)
             env = private_broker_env(bootstrap)
@@ -411,7 +492,10 @@ def main() -> None:
                 tree = baseline_tree(args.baseline_commit, directory)
                 results.append(run("baseline", tree, config_path, endpoint, env))
         finally:
-            if server is not None:
+            if isinstance(server, subprocess.Popen):
+                server.terminate()
+                server.wait(30)
+            elif server is not None:
                 server.stop()
             broker.stop()
 
@@ -419,8 +503,9 @@ def main() -> None:
     print(
         f"reconcile bench: keys={args.keys} drift={args.drift} (created {expected[0]}, deleted "
         f"{expected[1]}) s3={args.s3} partitions={args.partitions} "
-        f"changelog_records={known} listing_alone={listing_s:.1f}s "
-        f"(bench process peak RSS {own:.0f} MiB)"
+        f"changelog_records={known} "
+        + (f"listing_alone={listing_s:.1f}s " if listing_s is not None else "")
+        + f"(bench process peak RSS {own:.0f} MiB)"
     )
     for result in results:
         source = "output" if result["name"] == "baseline" else result["name"]
@@ -431,6 +516,9 @@ def main() -> None:
             f"({sizes[source] / 2**20:.0f} MiB) drift={'as expected' if ok else 'WRONG'}: "
             f"{result['summary']}"
         )
+        if result["phases"]:
+            ends = ", ".join(f"{phase} until {at:.0f}s" for phase, at in result["phases"].items())
+            print(f"           phases: {ends}")
 
 
 if __name__ == "__main__":

@@ -11,10 +11,15 @@ provider can lose one. Reconcile finds what the stream missed and publishes it:
    Each listed key goes through the instance's own rules (`streams.core.rules.apply_instance`),
    so keys the stream never emits (plugin-internal prefixes such as `.versions/`) are ignored,
    and ETags compare as the stream emits them.
-2. **Read what the stream knows** (`connectors.reconcile.stream`: any `StreamKnowledge`, today
-   the last event per key of the instance's output topic). A key whose last event is
-   `created` is *known* (present, per the stream).
-3. **Drift**, per key (`connectors.reconcile.drift.plan`):
+2. **Read what the stream knows** (`connectors.reconcile.stream`: any `StreamKnowledge`). By
+   default (`--known-from state`) the worker's per-key state: its keys changelog
+   (`<app_id>-keys-changelog`, compacted per key), this instance's and bucket's records, into a
+   temporary RocksDB (`connectors.reconcile.knownset.SpilledKnown`); `--known-from output`
+   reads the last event per key of the instance's output topic instead (a worker older than
+   per-key state: the default run names that case). A key whose last word is `created` is
+   *known* (present, per the stream).
+3. **Drift**, per key (`connectors.reconcile.drift.compare`, streamed: memory does not grow
+   with the bucket; the listing and the drift are spooled to temporary files):
    * listed, and the stream has no event, or its last is `deleted`, or a `created` with another
      ETag (both known) -> a synthetic `created` with the listing's ETag, size, last-modified;
    * not listed, and the stream's last event is `created` -> a synthetic `deleted`.
@@ -39,8 +44,10 @@ Output on stdout: one line per drift (`created <key> (<reason>)`, `deleted <key>
 then the summary: `reconcile instance=... bucket=... listed=N known=N in_sync=N created=N
 deleted=N published=N` (`listed`: keys the instance keeps; `known`: keys present per the
 stream), with ` (dry run)` or ` (refused)` after it. On stderr, every `--progress-interval`
-seconds of a long run (default 10), a progress line (keys listed and their rate, compared,
-published). Exit codes: 0 done; 1 with one line on stderr when the listing, the credentials
+seconds of a long run (default 10), a progress line: the phase (listing, reading, comparing,
+publishing), keys listed, changelog records read, keys compared, drift found, published, the
+phase's rate and, where its total is known (reading, comparing, publishing), its ETA.
+Exit codes: 0 done; 1 with one line on stderr when the listing, the credentials
 or Kafka fail (a topic this principal may not read is named as a permission problem), or
 when a delivery was not acknowledged (run again: the ids are stable); 2 for a configuration
 mistake; 3 refused by the safety bound.
@@ -144,6 +151,9 @@ class Progress:
         }.get(self.phase, 0)
 
     def enter(self, phase: str, total: int | None = None) -> None:
+        if self.last != self.started:  # a long run: where the phase ended, too
+            self.last = time.monotonic()
+            self.report(self.last)
         self.phase = phase
         self.total = total
         self._phase_started = time.monotonic()
@@ -283,7 +293,7 @@ def reconcile(
     knowledge: StreamKnowledge | None = None,
     metrics: report.RunMetrics | None = None,
 ) -> int:
-    """One run; `knowledge` replaces the output-topic read (what the stream knows); `metrics`
+    """One run; `knowledge` replaces the keys-changelog read (what the stream knows); `metrics`
     records what it found (connectors.reconcile.report)."""
     instance = settings.instance(args.instance)
     listing = listings.chosen(args, instance)

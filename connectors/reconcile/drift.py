@@ -2,7 +2,9 @@
 
 Nothing here does I/O: the listing and the stream's knowledge come in as iterables (from the
 provider modules in `connectors.reconcile.listings` and from `connectors.reconcile.stream`),
-and a `Plan` comes out, which `refusal` then checks before anything is published.
+and a `Plan` comes out, which `refusal` then checks before anything is published. `compare`
+streams: one pass over the listing, lookups in a `KnownSet`, each drift handed to a sink as
+found; `plan` is `compare` over a dict, its drifts kept in the Plan.
 """
 
 from __future__ import annotations

@@ -1,17 +1,37 @@
 """What the stream knows per key, for the comparison with a listing.
 
 The comparison takes any `StreamKnowledge`: a callable yielding one `Known` per key (present
-or deleted, ETag, ordering token), the last word the stream gave consumers about that key.
-Today's source is `OutputTopicKnowledge`: the instance's output topic (`files.events.<instance>`,
-or its configured `topic`), read from the beginning to its end offsets at that moment with
-`isolation.level=read_committed`, keeping the last event per key for this bucket. A `deleted`
-with `version_only: true` is skipped (a noncurrent version went; the key lives on).
+or deleted, ETag, ordering token), the last word the stream gave consumers about that key, or
+a ready `KnownSet` (connectors.reconcile.knownset).
 
-The output topic is the product's own contract, co-partitioned by key and holding exactly
-what consumers saw, so this compares the listing with what consumers were told. It needs the
-output topic to keep every key's last event (compaction keeps it; retention alone may not): an
-event that aged out makes its key look unknown, and reconcile announces it once more. Another
-source (a compacted per-key state topic) plugs in by being another `StreamKnowledge`.
+`KeysChangelogKnowledge` (the default, `--known-from state`): the worker's per-key state
+(streams.core.keystate), whose changelog `<app_id>-keys-changelog` is compacted per key, read
+from the beginning to its end offsets at that moment with `isolation.level=read_committed`.
+Its cost follows the keys the worker keeps (every instance's), not the events of the past:
+no retention of the output topic matters. Of its records only this instance's, for this
+bucket, are kept: Kafka key `<instance>|<scope>|<bucket>/<key>` (bucket empty for providers
+without one); partition markers (`\x00...`) and keys from before scopes (`<instance>/...`)
+are skipped; a tombstone forgets the key's record in that scope; a record without a mark (ids
+alone) says nothing. A record's mark is the last event the worker emitted for the key in its
+scope (a `deleted` that removed only a noncurrent version does not move it), its `e` that
+event's ETag (quotes stripped, as from the output topic), its time the event's. Where a key
+has records in several scopes, the newest mark by time wins (`knownset`). A changelog that is
+missing or empty while the output topic holds events means a worker older than per-key state:
+the read fails and says to use `--known-from output`.
+
+`OutputTopicKnowledge` (`--known-from output`): the instance's output topic
+(`files.events.<instance>`, or its configured `topic`), read the same way, keeping the last
+event per key for this bucket. A `deleted` with `version_only: true` is skipped (a noncurrent
+version went; the key lives on). It compares with exactly what consumers were told, but reads
+every event the topic still holds, and needs the topic to keep every key's last event
+(compaction keeps it; retention alone may not): an event that aged out makes its key look
+unknown, and reconcile announces it once more. It holds the events and a dict of every key in
+memory.
+
+The two differ where the worker's state and its output can: a deleted key's mark is forgotten
+after its grace (then the key reads as unknown rather than deleted: the same drift), and an
+event time beyond the clock-skew bound is not recorded in the mark (a `not-listed` delete's
+`last_modified` is then the previous event's time).
 """
 
 from __future__ import annotations
