@@ -174,11 +174,11 @@ class Progress:
         if self.total is not None and rate > 0:
             eta = f" eta={max(self.total - self.done(), 0) / rate:.0f}s"
         total = f"/{self.total}" if self.total is not None else ""
+        phase = f" phase={self.done()}{total} ({rate:.0f}/s){eta}" if self.phase != "done" else ""
         print(
             f"reconcile progress: {self.phase} listed={self.listed} "
             f"({self.listed / elapsed:.0f}/s) read={self.read} compared={self.compared} "
-            f"drift={self.drift} published={self.published} elapsed={elapsed:.0f}s "
-            f"phase={self.done()}{total} ({rate:.0f}/s){eta}",
+            f"drift={self.drift} published={self.published} elapsed={elapsed:.0f}s{phase}",
             file=self.out,
             flush=True,
         )

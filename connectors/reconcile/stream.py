@@ -57,8 +57,10 @@ ready `KnownSet` (`KeysChangelogKnowledge`'s, on disk)."""
 
 TOPIC_AUTHORIZATION_FAILED = 29
 UNKNOWN_TOPIC_OR_PARTITION = 3
-FETCH_PARTITION_BYTES = 8 * 1024 * 1024
-"""Per partition and fetch (aiokafka's default, 1 MiB, makes a large read many round trips)."""
+FETCH_MAX_BYTES = 8 * 1024 * 1024
+"""One fetch response at most (aiokafka's default, 50 MiB, is held and decoded at once)."""
+BATCH_RECORDS = 5_000
+"""Records handed over at a time: what is held decoded is bounded, whatever the topic."""
 
 
 class StreamReadError(Exception):
@@ -171,7 +173,7 @@ async def read_topic(
         isolation_level="read_committed",
         auto_offset_reset="earliest",
         client_id="storage-events-reconcile",
-        max_partition_fetch_bytes=FETCH_PARTITION_BYTES,
+        fetch_max_bytes=FETCH_MAX_BYTES,
     )
     read_bytes = 0
     try:
@@ -193,7 +195,7 @@ async def read_topic(
                 raise StreamReadError(
                     f"reading {topic} did not reach its end: nothing came for {timeout_s} s"
                 )
-            batches = await consumer.getmany(*behind, timeout_ms=500)
+            batches = await consumer.getmany(*behind, timeout_ms=500, max_records=BATCH_RECORDS)
             for tp, messages in batches.items():
                 kept = [message for message in messages if message.offset < ends[tp]]
                 if kept:
