@@ -18,8 +18,10 @@ and the KafkaTopic manifests), so the ACLs cannot name other topics than the str
   its transactional ids (`<app_id>-emit-<partition>`, prefixed).
 * bridge: Write its raw topic, nothing else.
 * reconcile (`python -m connectors reconcile --instance NAME`): what a bridge has (it
-  publishes to a raw topic), and Read of that one instance's output topic, which it reads
-  from the beginning with assigned partitions (no consumer group, so no group ACL).
+  publishes to a raw topic), and Read of the worker's keys changelog (`<app_id>-keys-changelog`:
+  what the stream knows per key; it holds every instance's keys, which Kafka ACLs cannot
+  split) and of that one instance's output topic, both read from the beginning with assigned
+  partitions (no consumer group, so no group ACL).
 * consumer (`fileevents`): Read one instance's output topic as its group, Write its
   dead-letter topic. Refused: a dead-letter topic of the stream's topology (raw, repartition,
   outputs, stale, the stream's dead-letter topic, changelogs), under the worker's `<app_id>-`
@@ -107,8 +109,12 @@ def bridge_acls(settings: Settings, topic: str | None) -> list[Acl]:
 
 
 def reconcile_acls(settings: Settings, instance: str | None, topic: str | None) -> list[Acl]:
-    """Reconcile of one instance: read its output topic to the end (group_id=None, partitions
-    assigned: no group), publish the drift to the raw topic (`--topic`, default the first)."""
+    """Reconcile of one instance: read the worker's keys changelog (what the stream knows, by
+    default) and its output topic (`--known-from output`, and telling a worker older than
+    per-key state) to the end (group_id=None, partitions assigned: no group), publish the
+    drift to the raw topic (`--topic`, default the first)."""
+    from streams.engine.topics import KEYS_TABLE, changelog_topic
+
     if not instance:
         raise AclError("--component reconcile needs --instance NAME (the one it reconciles)")
     output = settings.instance(instance).output_topic
@@ -117,7 +123,11 @@ def reconcile_acls(settings: Settings, instance: str | None, topic: str | None) 
         raise AclError(
             f"no [stream] raw_topics entry carries reconcile deliveries to instance {instance!r}"
         )
-    return [Acl("topic", output, ("Read", "Describe")), *bridge_acls(settings, chosen)]
+    return [
+        Acl("topic", changelog_topic(settings, KEYS_TABLE), ("Read", "Describe")),
+        Acl("topic", output, ("Read", "Describe")),
+        *bridge_acls(settings, chosen),
+    ]
 
 
 def consumer_acls(

@@ -11,10 +11,15 @@ provider can lose one. Reconcile finds what the stream missed and publishes it:
    Each listed key goes through the instance's own rules (`streams.core.rules.apply_instance`),
    so keys the stream never emits (plugin-internal prefixes such as `.versions/`) are ignored,
    and ETags compare as the stream emits them.
-2. **Read what the stream knows** (`connectors.reconcile.stream`: any `StreamKnowledge`, today
-   the last event per key of the instance's output topic). A key whose last event is
-   `created` is *known* (present, per the stream).
-3. **Drift**, per key (`connectors.reconcile.drift.plan`):
+2. **Read what the stream knows** (`connectors.reconcile.stream`: any `StreamKnowledge`). By
+   default (`--known-from state`) the worker's per-key state: its keys changelog
+   (`<app_id>-keys-changelog`, compacted per key), this instance's and bucket's records, into a
+   temporary RocksDB (`connectors.reconcile.knownset.SpilledKnown`); `--known-from output`
+   reads the last event per key of the instance's output topic instead (a worker older than
+   per-key state: the default run names that case). A key whose last word is `created` is
+   *known* (present, per the stream).
+3. **Drift**, per key (`connectors.reconcile.drift.compare`, streamed: memory does not grow
+   with the bucket; the listing and the drift are spooled to temporary files):
    * listed, and the stream has no event, or its last is `deleted`, or a `created` with another
      ETag (both known) -> a synthetic `created` with the listing's ETag, size, last-modified;
    * not listed, and the stream's last event is `created` -> a synthetic `deleted`.
@@ -39,8 +44,10 @@ Output on stdout: one line per drift (`created <key> (<reason>)`, `deleted <key>
 then the summary: `reconcile instance=... bucket=... listed=N known=N in_sync=N created=N
 deleted=N published=N` (`listed`: keys the instance keeps; `known`: keys present per the
 stream), with ` (dry run)` or ` (refused)` after it. On stderr, every `--progress-interval`
-seconds of a long run (default 10), a progress line (keys listed and their rate, compared,
-published). Exit codes: 0 done; 1 with one line on stderr when the listing, the credentials
+seconds of a long run (default 10), a progress line: the phase (listing, reading, comparing,
+publishing), keys listed, changelog records read, keys compared, drift found, published, the
+phase's rate and, where its total is known (reading, comparing, publishing), its ETA.
+Exit codes: 0 done; 1 with one line on stderr when the listing, the credentials
 or Kafka fail (a topic this principal may not read is named as a permission problem), or
 when a delivery was not acknowledged (run again: the ids are stable); 2 for a configuration
 mistake; 3 refused by the safety bound.
@@ -67,10 +74,14 @@ import argparse
 import asyncio
 import logging
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TextIO
+
+import orjson
 
 from connectors.command import BridgeCommand, add_publishing_arguments
 from connectors.publisher import PublishFailed, RawPublisher, raw_headers
@@ -81,11 +92,14 @@ from connectors.reconcile.drift import (
     Known,
     Listed,
     Plan,
+    compare,
     plan,
     refusal,
 )
+from connectors.reconcile.knownset import KnownSet, MemoryKnown
 from connectors.reconcile.listings import ListingError
 from connectors.reconcile.stream import (
+    KeysChangelogKnowledge,
     OutputTopicKnowledge,
     StreamKnowledge,
     StreamReadError,
@@ -108,7 +122,8 @@ class ReconcileError(Exception):
 
 
 class Progress:
-    """Counts of a run, printed to `out` at most every `interval_s` seconds (0: every step)."""
+    """Counts of a run, printed to `out` at most every `interval_s` seconds (0: every step):
+    what each phase has done, its rate, and its ETA where its total is known."""
 
     def __init__(self, interval_s: float, out: TextIO = sys.stderr) -> None:
         self.interval_s = interval_s
@@ -116,9 +131,33 @@ class Progress:
         self.started = time.monotonic()
         self.last = self.started
         self.listed = 0
+        self.read = 0
         self.compared = 0
+        self.drift = 0
         self.published = 0
         self.phase = "listing"
+        self.total: int | None = None
+        """What the phase will reach, when known."""
+        self._phase_started = self.started
+        self._phase_from = 0
+
+    def done(self) -> int:
+        """The current phase's count."""
+        return {
+            "listing": self.listed,
+            "reading": self.read,
+            "comparing": self.compared,
+            "publishing": self.published,
+        }.get(self.phase, 0)
+
+    def enter(self, phase: str, total: int | None = None) -> None:
+        if self.last != self.started:  # a long run: where the phase ended, too
+            self.last = time.monotonic()
+            self.report(self.last)
+        self.phase = phase
+        self.total = total
+        self._phase_started = time.monotonic()
+        self._phase_from = self.done()
 
     def step(self) -> None:
         now = time.monotonic()
@@ -127,11 +166,19 @@ class Progress:
             self.report(now)
 
     def report(self, now: float | None = None) -> None:
-        elapsed = max((now or time.monotonic()) - self.started, 1e-9)
+        now = now or time.monotonic()
+        elapsed = max(now - self.started, 1e-9)
+        in_phase = max(now - self._phase_started, 1e-9)
+        rate = (self.done() - self._phase_from) / in_phase
+        eta = ""
+        if self.total is not None and rate > 0:
+            eta = f" eta={max(self.total - self.done(), 0) / rate:.0f}s"
+        total = f"/{self.total}" if self.total is not None else ""
+        phase = f" phase={self.done()}{total} ({rate:.0f}/s){eta}" if self.phase != "done" else ""
         print(
             f"reconcile progress: {self.phase} listed={self.listed} "
-            f"({self.listed / elapsed:.0f}/s) compared={self.compared} "
-            f"published={self.published} elapsed={elapsed:.0f}s",
+            f"({self.listed / elapsed:.0f}/s) read={self.read} compared={self.compared} "
+            f"drift={self.drift} published={self.published} elapsed={elapsed:.0f}s{phase}",
             file=self.out,
             flush=True,
         )
@@ -160,9 +207,10 @@ def _guarded(items: Iterator[Listed], progress: Progress) -> Iterator[Listed]:
 
 
 async def publish_all(
-    publisher: RawPublisher, drifts: list[Drift], timeout_s: float, progress: Progress
+    publisher: RawPublisher, drifts: Iterable[Drift], timeout_s: float, progress: Progress
 ) -> int:
-    """Publish every drift; the number Kafka acknowledged."""
+    """Publish every drift, at most PUBLISH_CONCURRENCY in flight (the drifts are read as they
+    go out, never all held); the number Kafka acknowledged."""
     try:
         await asyncio.wait_for(publisher.start(), timeout_s)
     except TimeoutError:
@@ -171,24 +219,36 @@ async def publish_all(
             f"cannot reach Kafka at {publisher.bootstrap_servers} to publish"
         ) from None
     slots = asyncio.Semaphore(PUBLISH_CONCURRENCY)
+    acknowledged = 0
 
-    async def one(drift: Drift) -> bool:
+    async def one(drift: Drift) -> None:
+        nonlocal acknowledged
         headers = raw_headers(SOURCE, TRANSPORT, delivery_id=drift.body["id"])
-        async with slots:
-            try:
-                await publisher.publish(drift.value(), headers)
-            except PublishFailed as exc:
-                log.warning("%s %s not acknowledged: %s", drift.type, drift.key, exc)
-                return False
-            progress.published += 1
-            progress.step()
-            return True
+        try:
+            await publisher.publish(drift.value(), headers)
+        except PublishFailed as exc:
+            log.warning("%s %s not acknowledged: %s", drift.type, drift.key, exc)
+            return
+        finally:
+            slots.release()
+        acknowledged += 1
+        progress.published += 1
+        progress.step()
 
+    pending: set[asyncio.Task[None]] = set()
     try:
-        outcomes = await asyncio.gather(*(one(drift) for drift in drifts))
+        for drift in drifts:
+            await slots.acquire()
+            task = asyncio.create_task(one(drift))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+        if pending:
+            await asyncio.gather(*pending)
     finally:
+        for task in pending:
+            task.cancel()
         await publisher.stop()
-    return sum(outcomes)
+    return acknowledged
 
 
 def _bucket(args: argparse.Namespace, instance: InstanceConfig, bucketless: bool) -> str | None:
@@ -233,7 +293,7 @@ def reconcile(
     knowledge: StreamKnowledge | None = None,
     metrics: report.RunMetrics | None = None,
 ) -> int:
-    """One run; `knowledge` replaces the output-topic read (what the stream knows); `metrics`
+    """One run; `knowledge` replaces the keys-changelog read (what the stream knows); `metrics`
     records what it found (connectors.reconcile.report)."""
     instance = settings.instance(args.instance)
     listing = listings.chosen(args, instance)
@@ -254,36 +314,62 @@ def reconcile(
 
     progress = Progress(args.progress_interval)
     observed_at = datetime.now(UTC)
-    # The whole listing before the stream is read (see the module's docstring, step 3).
-    listed: list[Listed] = list(_listed(listing.open(args, instance, bucket), progress))
-    progress.phase = "comparing"
-    if knowledge is None:
-        knowledge = OutputTopicKnowledge(
-            settings.kafka, instance.output_topic, bucket, args.read_timeout
-        )
-    try:
-        known = {last.key: last for last in knowledge()}
-    except StreamReadError as exc:
-        raise ReconcileError(str(exc)) from None
+    with tempfile.TemporaryDirectory(prefix="reconcile-") as scratch:
+        listing_file = Path(scratch) / "listing"
+        drifts_file = Path(scratch) / "drifts"
+        # The whole listing before the stream is read (see the module's docstring, step 3),
+        # spooled to a file, not held.
+        with listing_file.open("wb") as spool:
+            for item in _listed(listing.open(args, instance, bucket), progress):
+                spool.write(_listed_line(item))
+        if knowledge is None:
+            knowledge = _knowledge(args, settings, instance, bucket, progress)
+        progress.enter("reading")
+        try:
+            known = _known_set(knowledge())
+        except StreamReadError as exc:
+            raise ReconcileError(str(exc)) from None
+        try:
+            progress.enter("comparing", progress.listed)
 
-    def compared() -> None:
-        progress.compared += 1
-        progress.step()
+            def compared() -> None:
+                progress.compared += 1
+                progress.step()
 
-    result = plan(listed, known, instance, bucket, observed_at, on_listed=compared)
+            with drifts_file.open("wb") as found:
 
-    for drift in result.drifts:
-        print(f"{drift.type} {drift.key} ({drift.reason})")
-    refused = refusal(result, args.max_delete_share, args.max_deletes, args.force)
-    published = 0
-    if result.drifts and not args.dry_run and refused is None:
-        progress.phase = "publishing"
-        publisher = RawPublisher(settings.kafka, raw_topic, args.publish_timeout)
-        published = asyncio.run(publish_all(publisher, result.drifts, args.read_timeout, progress))
+                def sink(drift: Drift) -> None:
+                    progress.drift += 1
+                    found.write(_drift_line(drift))
+
+                result = compare(
+                    _spooled(listing_file),
+                    known,
+                    instance,
+                    bucket,
+                    observed_at,
+                    sink,
+                    on_listed=compared,
+                    on_unlisted=progress.step,
+                )
+        finally:
+            known.close()
+        listing_file.unlink()
+
+        for drift in _drifts(drifts_file):
+            print(f"{drift.type} {drift.key} ({drift.reason})")
+        refused = refusal(result, args.max_delete_share, args.max_deletes, args.force)
+        published = 0
+        if result.drift_count and not args.dry_run and refused is None:
+            progress.enter("publishing", result.drift_count)
+            publisher = RawPublisher(settings.kafka, raw_topic, args.publish_timeout)
+            published = asyncio.run(
+                publish_all(publisher, _drifts(drifts_file), args.read_timeout, progress)
+            )
     if metrics is not None:
         metrics.compared(result, published)
     if progress.last != progress.started:  # a long run: its last figures too
-        progress.phase = "done"
+        progress.enter("done")
         progress.report()
     note = " (dry run)" if args.dry_run else " (refused)" if refused is not None else ""
     print(
@@ -296,9 +382,9 @@ def reconcile(
         verb = "a real run would publish nothing" if args.dry_run else "published nothing"
         print(f"connectors reconcile: {verb}: {refused}", file=sys.stderr)
         return 0 if args.dry_run else EXIT_REFUSED
-    if published < len(result.drifts) and not args.dry_run:
+    if published < result.drift_count and not args.dry_run:
         print(
-            f"connectors reconcile: {len(result.drifts) - published} of {len(result.drifts)} "
+            f"connectors reconcile: {result.drift_count - published} of {result.drift_count} "
             "deliveries not acknowledged by Kafka; run again",
             file=sys.stderr,
         )
@@ -310,6 +396,74 @@ def _listed(items: Iterator[Listed], progress: Progress) -> Iterator[Listed]:
     for item in _guarded(items, progress):
         progress.listed_one()
         yield item
+
+
+def _listed_line(item: Listed) -> bytes:
+    modified = item.last_modified.isoformat() if item.last_modified is not None else None
+    return orjson.dumps([item.key, item.etag, item.size, modified]) + b"\n"
+
+
+def _spooled(path: Path) -> Iterator[Listed]:
+    with path.open("rb") as spool:
+        for line in spool:
+            key, etag, size, modified = orjson.loads(line)
+            when = datetime.fromisoformat(modified) if modified is not None else None
+            yield Listed(key, etag, size, when)
+
+
+def _drift_line(drift: Drift) -> bytes:
+    return orjson.dumps([drift.type, drift.key, drift.reason, drift.body]) + b"\n"
+
+
+def _drifts(path: Path) -> Iterator[Drift]:
+    with path.open("rb") as spool:
+        for line in spool:
+            yield Drift(*orjson.loads(line))
+
+
+KNOWN_FROM = ("state", "output")
+
+
+def _knowledge(
+    args: argparse.Namespace,
+    settings: Settings,
+    instance: InstanceConfig,
+    bucket: str | None,
+    progress: Progress,
+) -> StreamKnowledge:
+    """`--known-from state` (the default): the worker's keys changelog; `output`: the output
+    topic's last event per key (a worker older than per-key state)."""
+    if args.known_from == "output":
+        return OutputTopicKnowledge(
+            settings.kafka, instance.output_topic, bucket, args.read_timeout
+        )
+    from streams.engine.topics import KEYS_TABLE, changelog_topic
+
+    def read(records: int) -> None:
+        progress.read = records
+        progress.step()
+
+    def total(offsets: int) -> None:
+        progress.total = offsets
+
+    return KeysChangelogKnowledge(
+        settings.kafka,
+        changelog_topic(settings, KEYS_TABLE),
+        instance.output_topic,
+        instance.name,
+        bucket,
+        args.read_timeout,
+        on_records=read,
+        on_total=total,
+    )
+
+
+def _known_set(known: KnownSet | Iterable[Known]) -> KnownSet:
+    """A source's answer as a KnownSet: a set as it is; one word per key (a later one for a key
+    replacing an earlier), into memory as today's output-topic reader holds it anyway."""
+    if isinstance(known, KnownSet):
+        return known
+    return MemoryKnown({last.key: last for last in known})
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -346,10 +500,18 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_publishing_arguments(parser, metrics=False)
     parser.add_argument(
+        "--known-from",
+        choices=KNOWN_FROM,
+        default="state",
+        help="what the stream knows: `state`, the worker's per-key state (its keys changelog, "
+        "compacted per key; the default), or `output`, the last event per key of the "
+        "instance's output topic (a worker older than per-key state)",
+    )
+    parser.add_argument(
         "--read-timeout",
         type=float,
         default=120.0,
-        help="seconds to read the output topic to its end (default 120)",
+        help="seconds without a record before reading Kafka fails (default 120)",
     )
     listings.add_arguments(parser)
     report.add_arguments(parser)

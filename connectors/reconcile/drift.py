@@ -2,7 +2,9 @@
 
 Nothing here does I/O: the listing and the stream's knowledge come in as iterables (from the
 provider modules in `connectors.reconcile.listings` and from `connectors.reconcile.stream`),
-and a `Plan` comes out, which `refusal` then checks before anything is published.
+and a `Plan` comes out, which `refusal` then checks before anything is published. `compare`
+streams: one pass over the listing, lookups in a `KnownSet`, each drift handed to a sink as
+found; `plan` is `compare` over a dict, its drifts kept in the Plan.
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streams.config import InstanceConfig
 from streams.core.event import FileEvent, format_time
 from streams.core.normalizers.base import strip_quotes
 from streams.core.normalizers.reconcile import SOURCE, reconcile_id
 from streams.core.rules import Filtered, apply_instance
+
+if TYPE_CHECKING:
+    from connectors.reconcile.knownset import KnownSet
 
 DEFAULT_MAX_DELETE_SHARE = 0.10
 """A run may delete at most this share of the keys the stream knows as present."""
@@ -74,9 +79,15 @@ class Plan:
     known: int = 0
     """Keys the stream knows as present."""
     in_sync: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+    """Drifts found per type (`created`, `deleted`), whether kept in `drifts` or not."""
 
     def count(self, event_type: str) -> int:
-        return sum(1 for drift in self.drifts if drift.type == event_type)
+        return self.counts.get(event_type, 0)
+
+    @property
+    def drift_count(self) -> int:
+        return sum(self.counts.values())
 
 
 def full_key(instance: InstanceConfig, key: str) -> str:
@@ -108,22 +119,37 @@ def _body(
     }
 
 
-def plan(
+DriftSink = Callable[[Drift], None]
+"""Where `compare` puts each drift as it finds it."""
+
+
+def compare(
     listed: Iterable[Listed],
-    known: Mapping[str, Known],
+    known: KnownSet,
     instance: InstanceConfig,
     bucket: str | None,
     observed_at: datetime,
+    sink: DriftSink,
     on_listed: Callable[[], None] | None = None,
+    on_unlisted: Callable[[], None] | None = None,
 ) -> Plan:
-    """The drifts between a listing and the stream's last events.
+    """The drifts between a listing and what the stream knows, streamed into `sink`: the
+    `created` ones in listing order, then the `deleted` ones in key order.
 
-    `bucket` is None for providers without buckets (Box, Cloudinary). `on_listed` is called
-    once per listed object (progress reporting); an exception raised by the listing stops the
-    plan, so a listing that fails part-way yields no plan at all (and nothing is published).
+    One pass over the listing (a lookup per key, which marks it listed), then one over the
+    known keys never listed: memory is what `known` keeps in memory (`SpilledKnown`: a
+    bounded RocksDB) plus the counts; the returned Plan's `drifts` stays empty (the sink has
+    them). `bucket` is None for providers without buckets (Box, Cloudinary). `on_listed` is
+    called once per listed object, `on_unlisted` once per known key compared after the
+    listing (progress). An exception raised by the listing stops the comparison, so a
+    listing that fails part-way yields no plan at all (and nothing is published).
     """
-    result = Plan(known=sum(1 for last in known.values() if last.present))
-    seen: set[str] = set()
+    result = Plan(known=known.present)
+
+    def found(drift: Drift) -> None:
+        result.counts[drift.type] = result.counts.get(drift.type, 0) + 1
+        sink(drift)
+
     for item in listed:
         if on_listed is not None:
             on_listed()
@@ -142,8 +168,7 @@ def plan(
             result.ignored += 1
             continue
         result.listed += 1
-        seen.add(view.key)
-        last = known.get(view.key)
+        last = known.lookup(view.key)
         if last is None:
             reason = "not-in-stream"
         elif not last.present:
@@ -164,23 +189,43 @@ def plan(
             observed_at,
             reason,
         )
-        result.drifts.append(Drift("created", item.key, reason, body))
-    for key in sorted(known):
-        last = known[key]
-        if last.present and key not in seen:
-            provider_key = full_key(instance, key)
-            body = _body(
-                instance,
-                "deleted",
-                bucket,
-                provider_key,
-                last.etag,
-                None,
-                last.time,
-                observed_at,
-                "not-listed",
-            )
-            result.drifts.append(Drift("deleted", provider_key, "not-listed", body))
+        found(Drift("created", item.key, reason, body))
+    for last in known.unlisted():
+        if on_unlisted is not None:
+            on_unlisted()
+        provider_key = full_key(instance, last.key)
+        body = _body(
+            instance,
+            "deleted",
+            bucket,
+            provider_key,
+            last.etag,
+            None,
+            last.time,
+            observed_at,
+            "not-listed",
+        )
+        found(Drift("deleted", provider_key, "not-listed", body))
+    return result
+
+
+def plan(
+    listed: Iterable[Listed],
+    known: Mapping[str, Known],
+    instance: InstanceConfig,
+    bucket: str | None,
+    observed_at: datetime,
+    on_listed: Callable[[], None] | None = None,
+) -> Plan:
+    """`compare` with the known set in memory (a dict: key -> the stream's last word) and the
+    drifts kept in the returned Plan: for small sets and the tests."""
+    from connectors.reconcile.knownset import MemoryKnown
+
+    drifts: list[Drift] = []
+    result = compare(
+        listed, MemoryKnown(known), instance, bucket, observed_at, drifts.append, on_listed
+    )
+    result.drifts = drifts
     return result
 
 

@@ -353,6 +353,9 @@ def test_reconcile_publishes_the_missed_changes_once(setup: Setup) -> None:
     assert summary(dry)["published"] == "0"
     assert "deleted tenant-a/gone.txt (not-listed)" in dry.stdout
     assert "created tenant-a/new file.txt (not-in-stream)" in dry.stdout
+    # The worker's keys changelog (the default) and the output topic say the same.
+    from_output = setup.reconcile("--instance", "tenant-a", "--dry-run", "--known-from", "output")
+    assert from_output.stdout == dry.stdout
 
     # One of the two known keys deleted is above the default 10% bound: allowed by name.
     first = summary(setup.reconcile("--instance", "tenant-a", "--max-deletes", "1"))

@@ -31,6 +31,8 @@ from support.worker import ROOT, Topology, free_port, wait_for
 import connectors.reconcile as command
 from connectors.reconcile import Known
 from connectors.reconcile.report import JOB, Compared, RunMetrics
+from streams.core.keystate import KeyState, encode
+from streams.core.ordering import Mark
 
 if TYPE_CHECKING:
     from support.pushgateway import Pushgateway
@@ -47,14 +49,14 @@ def run(
     monkeypatch: pytest.MonkeyPatch,
     *arguments: str,
 ) -> int:
-    """One run as the command does it (`_run`: the run, then the push); the output-topic
+    """One run as the command does it (`_run`: the run, then the push); the keys-changelog
     read replaced by `known`."""
     parser = argparse.ArgumentParser()
     command.COMMAND.add_arguments(parser)
     args = parser.parse_args(["--instance", str(settings_instance["name"]), *arguments])
     settings = Topology().settings([settings_instance])
-    knowledge: Callable[..., Callable[[], list[Known]]] = lambda *_: lambda: list(known)  # noqa: E731
-    monkeypatch.setattr(command, "OutputTopicKnowledge", knowledge)
+    knowledge: Callable[..., Callable[[], list[Known]]] = lambda *_, **__: lambda: list(known)  # noqa: E731
+    monkeypatch.setattr(command, "KeysChangelogKnowledge", knowledge)
     return command._run(args, settings)
 
 
@@ -200,10 +202,16 @@ def test_a_scheduled_run_pushes_what_it_published(
     with open(config, "w") as file:
         file.write(names.config([instance]))
     output = names.output("tenant-a")
-    asyncio.run(create_topics(kafka_bootstrap, names.raw, output))
+    changelog = f"{names.app_id}-keys-changelog"
+    asyncio.run(create_topics(kafka_bootstrap, names.raw, output, changelog))
     listed = s3.head_object(Bucket=bucket, Key="t/known.txt")["ETag"].strip('"')
     known = {"type": "created", "key": "known.txt", "bucket": bucket, "etag": listed}
     asyncio.run(produce(kafka_bootstrap, output, [(json.dumps(known).encode(), [])]))
+    # What the worker's per-key state holds for it (streams.core.keystate), which reconcile reads.
+    mark = Mark(None, None, NOW.timestamp(), "supabase:1", "created")
+    record = encode(KeyState(mark=mark, etag=listed))
+    key = f"tenant-a|supabase|{bucket}/known.txt".encode()
+    asyncio.run(produce(kafka_bootstrap, changelog, [(record, [])], key=key))
 
     def reconcile() -> subprocess.CompletedProcess[str]:
         return subprocess.run(

@@ -65,9 +65,10 @@ def test_a_bridge_gets_write_on_its_raw_topic_only(settings: Settings) -> None:
 
 
 def test_reconcile_reads_its_instances_output_and_writes_a_raw_topic(settings: Settings) -> None:
-    """It publishes like a bridge and reads the output topic with assigned partitions (no
-    group): connectors/reconcile/stream.py read_output."""
+    """It publishes like a bridge and reads the keys changelog and the output topic with
+    assigned partitions (no group): connectors/reconcile/stream.py read_topic."""
     assert reconcile_acls(settings, "tenant-b", None) == [
+        Acl("topic", f"{settings.stream.app_id}-keys-changelog", ("Read", "Describe")),
         Acl("topic", "files.events.tenant-b", ("Read", "Describe")),
         Acl("topic", "files.raw", ("Write", "Describe")),
     ]
