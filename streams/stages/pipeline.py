@@ -63,6 +63,7 @@ def settle_collector() -> None:
     gc.freeze()
     gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
+
 STAGE_NAMES = ("normalize", "emit")
 
 
