@@ -302,12 +302,12 @@ def test_reconcile_works_with_its_acls_and_not_with_a_bridges(
         printed_acls(granted.config, principal, "reconcile", "--instance", "default")
     )
 
-    def reconcile(settings: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    def reconcile(settings: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [
                 *(sys.executable, "-m", "connectors", "--config", str(granted.config)),
                 *("reconcile", "--instance", "default", "--bucket", bucket),
-                *("--endpoint-url", moto_server, "--read-timeout", "30"),
+                *("--endpoint-url", moto_server, "--read-timeout", "30", *extra),
             ],
             cwd=ROOT,
             env=product_env(**settings),
@@ -317,11 +317,17 @@ def test_reconcile_works_with_its_acls_and_not_with_a_bridges(
             check=False,
         )
 
-    # A bridge may not read the output topic reconcile compares the listing with.
+    # A bridge may not read what reconcile compares the listing with: the worker's keys
+    # changelog (the default), nor the output topic (`--known-from output`). Each is named as
+    # the permission problem it is, not as a missing topic.
+    keys_changelog = f"{granted.names.app_id}-keys-changelog"
     as_bridge = reconcile(granted.bridge)
     assert as_bridge.returncode == 1, as_bridge.stdout + as_bridge.stderr
-    assert granted.output in as_bridge.stderr
-    # Named as the permission problem it is, not as a missing topic.
+    assert keys_changelog in as_bridge.stderr
+    assert "this principal lacks Describe/Read on it" in as_bridge.stderr
+    assert "does not exist" not in as_bridge.stderr
+    as_bridge = reconcile(granted.bridge, "--known-from", "output")
+    assert as_bridge.returncode == 1, as_bridge.stdout + as_bridge.stderr
     assert f"not authorized to read output topic {granted.output}" in as_bridge.stderr
     assert "does not exist" not in as_bridge.stderr
     as_reconcile = reconcile(user)

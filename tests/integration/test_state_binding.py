@@ -18,7 +18,7 @@ from support.local_broker import PrivateBroker
 from support.payloads import s3_body, s3_record
 from support.worker import Topology, Worker, wait_for
 
-from streams.engine.topics import MARKS_TABLE, SEEN_TABLE, changelog_topic, topology
+from streams.engine.topics import KEYS_TABLE, MARKS_TABLE, SEEN_TABLE, changelog_topic, topology
 
 pytestmark = pytest.mark.kafka
 
@@ -95,7 +95,9 @@ def test_changelog_topics_created_again_under_the_same_names_discard_local_state
     assert len(lines) == 1, second.tail()
     assert "was deleted and created again" in lines[0]
     settings = names.settings()
-    changelogs = [changelog_topic(settings, table) for table in (SEEN_TABLE, MARKS_TABLE)]
+    changelogs = [
+        changelog_topic(settings, table) for table in (KEYS_TABLE, SEEN_TABLE, MARKS_TABLE)
+    ]
     assert any(f"changelog topic {topic} " in lines[0] for topic in changelogs), lines[0]
     output = asyncio.run(read_topic(kafka_bootstrap, names.output("default")))
     assert len(output) == 1
