@@ -92,13 +92,10 @@ a batch that fails to send records nothing, so its redelivery runs again.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import orjson
 
 from streams.config import InstanceConfig, Settings
 from streams.core.event import FileEvent
@@ -107,6 +104,7 @@ from streams.core.keystate import (
     KeyState,
     decode,
     encode,
+    read_json,
     record_forget_at,
 )
 from streams.core.normalizers import SOURCES
@@ -254,11 +252,16 @@ def id_scope(event: KeyedEvent, event_scope: str) -> str:
     return "reconcile" if event.provider == "reconcile" else event_scope
 
 
+def id_key(instance: str, event_id: str, provider: str, scope: str) -> tuple[bytes, bool]:
+    """The `seen` key of `provider`'s id in `scope`, and whether the id is the provider's own
+    (whose key is the one before scopes: module docstring)."""
+    own = own_id(event_id, provider, scope)
+    return seen_key(instance, event_id, None if own else scope), own
+
+
 def scoped_seen_key(instance: str, event: KeyedEvent, scope: str) -> tuple[bytes, bool]:
-    """The dedupe key of `event` in `scope`, and whether its id is the provider's own (whose
-    key is the one before scopes: module docstring)."""
-    own = own_id(event.id, event.provider, scope)
-    return seen_key(instance, event.id, None if own else scope), own
+    """`id_key` of `event`'s id in `scope`."""
+    return id_key(instance, event.id, event.provider, scope)
 
 
 def spill_key(instance: str, entry: list[Any], event_scope: str) -> bytes:
@@ -266,16 +269,8 @@ def spill_key(instance: str, entry: list[Any], event_scope: str) -> bytes:
     a lookup of that id reads (`scoped_seen_key`), its provider being the scope's own, or
     reconcile's for a reconcile id (the entry's third element)."""
     if len(entry) > 2:
-        provider = ids_scope = "reconcile"
-    else:
-        provider, ids_scope = event_scope.partition("@")[0], event_scope
-    own = own_id(entry[0], provider, ids_scope)
-    return seen_key(instance, entry[0], None if own else ids_scope)
-
-
-def spilled_value(entry: list[Any]) -> bytes:
-    """The `seen` value of a spilled id: its absolute expiry."""
-    return encode_expiry(entry[1])
+        return id_key(instance, entry[0], "reconcile", "reconcile")[0]
+    return id_key(instance, entry[0], event_scope.partition("@")[0], event_scope)[0]
 
 
 def unrecord(plan: EmitPlan, event: KeyedEvent, instance: InstanceConfig, partition: int) -> None:
@@ -291,8 +286,7 @@ def unrecord(plan: EmitPlan, event: KeyedEvent, instance: InstanceConfig, partit
         current = decode(stored)
         current.forget(event.id, ids_scope != event_scope)
         writes[key] = encode(current)
-    seen = plan.writes.get((SEEN, partition), {})
-    seen.pop(scoped_seen_key(instance.name, event, ids_scope)[0], None)
+    plan.writes.get((SEEN, partition), {}).pop(dedupe_key(event, instance), None)
 
 
 def dedupe_key(event: KeyedEvent, instance: InstanceConfig) -> bytes:
@@ -497,7 +491,7 @@ def plan_batch(
         changed.add((partition, key_key))
         for spilled in current.remember(event.id, reconciled, now + instance.dedupe_ttl, now):
             spilled_key = spill_key(instance.name, spilled, event_scope)
-            plan.write(SEEN, partition, spilled_key, spilled_value(spilled))
+            plan.write(SEEN, partition, spilled_key, encode_expiry(spilled[1]))
 
         # 2. Order against the key's mark (or, in the pre-scope window, its old mark).
         mark = mark_for(event)
@@ -539,24 +533,10 @@ def _read_mark(stored: bytes | None) -> Mark | None:
     if stored is None:
         return None
     try:
-        data = _loads(stored)
+        data = read_json(stored)
         return Mark.from_json(data) if isinstance(data, dict) else None
     except (ValueError, TypeError):
         return None
-
-
-def _mark_bytes(mark: Mark) -> bytes:
-    try:
-        return orjson.dumps(mark.to_json())
-    except TypeError:  # orjson stops at 64-bit integers; a GCS token may be longer
-        return json.dumps(mark.to_json()).encode()
-
-
-def _loads(stored: bytes) -> object:
-    try:
-        return orjson.loads(stored)
-    except orjson.JSONDecodeError:
-        return json.loads(stored)  # integers past 64 bits, which only json reads
 
 
 def _version_only(event: KeyedEvent) -> bool:

@@ -130,7 +130,8 @@ def encode(state: KeyState) -> bytes:
         return json.dumps(data, separators=(",", ":")).encode()
 
 
-def _loads(stored: bytes) -> object:
+def read_json(stored: bytes) -> object:
+    """A stored JSON value (the `keys` records, and the marks of before them)."""
     try:
         return orjson.loads(stored)
     except orjson.JSONDecodeError:
@@ -143,7 +144,7 @@ def decode(stored: bytes | None) -> KeyState:
     if stored is None:
         return KeyState()
     try:
-        data = _loads(stored)
+        data = read_json(stored)
     except (ValueError, TypeError):
         return KeyState()
     if not isinstance(data, dict):
@@ -182,7 +183,7 @@ def record_forget_at(stored: bytes) -> float | None:
     if FORGETTABLE_MARKER not in stored:
         return None
     try:
-        data = _loads(stored)
+        data = read_json(stored)
     except (ValueError, TypeError):
         return None
     ends = data.get("x") if isinstance(data, dict) else None

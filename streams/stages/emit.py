@@ -363,14 +363,14 @@ class EmitStage:
             if len(keys) >= SWEEP_FLUSH_KEYS:
                 self.store.flush(table, partition)
         metrics.EXPIRED.inc(sum(len(keys) for (table, _), keys in writes.items() if table == SEEN))
-        marks = [
+        records = [
             value for (table, _), keys in writes.items() if table == KEYS for value in keys.values()
         ]
-        if marks:
+        if records:
             log.info(
                 "forgot %d keys' records past their end; stamped %d older deleted marks",
-                sum(value is None for value in marks),
-                sum(value is not None for value in marks),
+                sum(value is None for value in records),
+                sum(value is not None for value in records),
             )
 
     async def migrate_marks(self, partitions: set[int]) -> None:
