@@ -496,16 +496,48 @@ class PipelineRun:
     stale: str
 
 
+def decided_at(bootstrap: str, topics: list[str], decided: int, timeout_s: float) -> float:
+    """`time.monotonic()` once `decided` distinct ids are readable `read_committed` on
+    `topics` (the output and stale topics), read as the Kafka Streams run's are: from
+    outside, so that the worker serves no metrics page meanwhile."""
+    consumer = Consumer(
+        {
+            **kafka_settings(bootstrap).librdkafka_config(),
+            "group.id": f"bench-decided-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    ids: set[str] = set()
+    try:
+        kstreams.assign_all(consumer, topics)
+        deadline = time.monotonic() + timeout_s
+        while len(ids) < decided:
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"no completion within {timeout_s:.0f} s ({len(ids)} of {decided})"
+                )
+            for message in consumer.consume(num_messages=10_000, timeout=0.05):
+                if message.error() is None:
+                    ids.add(kstreams.ce_id(message))
+        return time.monotonic()
+    finally:
+        consumer.close()
+
+
 def run_pipeline(
     bootstrap: str,
     raw_topic: str,
     count: int,
+    decided: int,
     workdir: Path,
     profile: Path | None = None,
     processes: int = 1,
 ) -> PipelineRun:
-    """Events/s of the full worker (its stages in `processes` processes); with `profile`,
-    py-spy samples it meanwhile (raw stacks)."""
+    """Events/s of the full worker (its stages in `processes` processes), from its first
+    delivery read (its metrics page, polled) to its `decided` distinct events readable on
+    its output and stale topics (read from outside, as the Kafka Streams run's); with
+    `profile`, py-spy samples it meanwhile (raw stacks)."""
     worker, port, output = start_worker(bootstrap, raw_topic, workdir, "pipeline", processes)
     pid = worker.pid
     profiler: subprocess.Popen[bytes] | None = None
@@ -527,26 +559,16 @@ def run_pipeline(
 
     try:
 
-        def handled() -> float:
-            """Deliveries read; `count + 1` once each of their events is decided too."""
-            decisions = ("emitted", "duplicates", "stale")
-            figures = metric_sums(
-                port,
-                "storage_events_received_total",
-                "storage_events_normalized_total",
-                *(f"storage_events_{name}_total" for name in decisions),
-            )
-            received = figures["storage_events_received_total"]
-            if received > 0 and not cpu_at_start:
-                cpu_at_start.append(tree_cpu_seconds(pid))
-                start_profiler()
-            if received < count:
-                return received
-            normalized = figures["storage_events_normalized_total"]
-            decided = sum(figures[f"storage_events_{name}_total"] for name in decisions)
-            return count + 1 if decided >= normalized else count
+        def received() -> float:
+            figures = metric_sums(port, "storage_events_received_total")
+            return figures["storage_events_received_total"]
 
-        seconds = timed(handled, count + 1, 1800)
+        timed(received, 1, 1800)  # until the worker read its first delivery: the clock starts
+        started = time.monotonic()
+        cpu_at_start.append(tree_cpu_seconds(pid))
+        start_profiler()
+        stale = output.replace("bench-out-", "bench-stale-", 1)  # worker_config's names
+        seconds = decided_at(bootstrap, [output, stale], decided, 1800) - started
         at_end = tree_cpu_seconds(pid)
         each = [at_end[member] - cpu_at_start[0].get(member, 0.0) for member in at_end]
         busy = sum(each)
@@ -561,7 +583,6 @@ def run_pipeline(
             flush=True,
         )
         print(stage_breakdown(port), flush=True)
-        stale = output.replace("bench-out-", "bench-stale-", 1)  # worker_config's names
         return PipelineRun(count / seconds, busy, output, stale)
     finally:
         if profiler is not None:
@@ -790,7 +811,13 @@ def main() -> int:
                 if name not in chosen:
                     continue
                 run = run_pipeline(
-                    bootstrap, raw_topic, count, workdir, args.profile, processes=processes
+                    bootstrap,
+                    raw_topic,
+                    count,
+                    distinct,
+                    workdir,
+                    args.profile,
+                    processes=processes,
                 )
                 runs.setdefault(name, []).append(run)
                 print(

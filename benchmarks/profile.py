@@ -3,10 +3,11 @@
     python -m benchmarks.profile PROFILE.txt
 
 Reads py-spy's `raw` output (collapsed stacks: `frame;frame;...;leaf count`, one per line)
-and attributes every sample of the worker's event-loop thread to one part of the pipeline:
-walking from the innermost frame outwards, the first frame that names a part decides.
-Samples of other threads (Faust's consumer thread, idle here since the stages consume with
-their own clients) are left out. Prints the share of each part.
+and attributes every sample of an event-loop thread to one part of the pipeline, per process
+(the worker, and its emit child when the stages run in two): walking from the innermost
+frame outwards, the first frame that names a part decides. Samples of other threads (the
+clients' poll and report threads, Faust's consumer thread) are left out. Prints the share of
+each part.
 """
 
 from __future__ import annotations
@@ -57,24 +58,41 @@ def part_of(stack: list[str]) -> str:
     return "other"
 
 
-def summarise(path: Path) -> list[tuple[str, int]]:
-    samples: Counter[str] = Counter()
+PROCESS_FRAME = "process "
+"""py-spy's `--subprocesses` prefixes each stack with its process chain (`process PID:"cmd"`)."""
+
+
+def process_name(command: str) -> str:
+    """A process of the worker, by its command line: the worker or its stage child."""
+    if "streams.stages.child" in command:
+        return "emit child process"
+    return "worker process"
+
+
+def summarise(path: Path) -> dict[str, Counter[str]]:
+    """Per process (the worker, its emit child when the stages run in two), the samples of
+    its main thread per part."""
+    samples: dict[str, Counter[str]] = {}
     for line in path.read_text(errors="replace").splitlines():
         stack_text, _, count = line.rpartition(" ")
         if not stack_text or not count.isdigit():
             continue
         stack = stack_text.split(";")
-        if stack[0].startswith(OTHER_THREAD_ROOT):
+        processes = [frame for frame in stack if frame.startswith(PROCESS_FRAME)]
+        stack = stack[len(processes) :]
+        if not stack or stack[0].startswith(OTHER_THREAD_ROOT):
             continue
-        samples[part_of(stack)] += int(count)
-    return samples.most_common()
+        name = process_name(processes[-1]) if processes else "worker process"
+        samples.setdefault(name, Counter())[part_of(stack)] += int(count)
+    return samples
 
 
 def report(path: Path) -> list[str]:
-    parts = summarise(path)
-    total = sum(count for _, count in parts) or 1
-    lines = [f"profile {path.name}: {total:,} samples of the worker's main thread"]
-    lines += [f"  {count / total:6.1%}  {part}" for part, count in parts]
+    lines = []
+    for name, parts in sorted(summarise(path).items(), reverse=True):
+        total = sum(parts.values()) or 1
+        lines.append(f"profile {path.name}: {total:,} samples of the {name}'s main thread")
+        lines += [f"  {count / total:6.1%}  {part}" for part, count in parts.most_common()]
     return lines
 
 

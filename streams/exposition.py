@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
 
 SeriesKey = tuple[str, tuple[tuple[str, str], ...]]
 """A sample's name and its labels, sorted."""
@@ -35,22 +34,28 @@ def merge_rule(sample_name: str) -> Callable[[float, float], float]:
     return MERGE_BY_NAME.get(sample_name, lambda a, b: a + b)
 
 
-def samples(text: str) -> dict[SeriesKey, float]:
-    """Every sample of an exposition text by name and labels."""
+def snapshot(registry: CollectorRegistry = REGISTRY) -> list[Metric]:
+    """A registry's families now, as plain values a pipe carries (pickled): no exposition
+    text to render in one process and parse in the other."""
+    return list(registry.collect())
+
+
+def samples(families: Iterable[Metric]) -> dict[SeriesKey, float]:
+    """Every sample of `families` by name and labels."""
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
+        for family in families
         for sample in family.samples
     }
 
 
-def merge(texts: Iterable[str]) -> bytes:
-    """The expositions `texts` (the worker's first) as one: families in the order first
-    seen, each series once, its samples merged by `merge_rule`."""
+def merge(processes: Iterable[Iterable[Metric]]) -> bytes:
+    """The processes' families (the worker's first) as one exposition: families in the
+    order first seen, each series once, its samples merged by `merge_rule`."""
     families: dict[str, Metric] = {}
     values: dict[str, dict[SeriesKey, float]] = {}
-    for text in texts:
-        for family in text_string_to_metric_families(text):
+    for process in processes:
+        for family in process:
             known = families.setdefault(
                 family.name, Metric(family.name, family.documentation, family.type, family.unit)
             )

@@ -49,7 +49,7 @@ from streams.core.rules import open_instances_warning
 from streams.engine.librdkafka.group_config import kip848_refusal, versions_by_broker
 from streams.engine.store import STATE_DIR_MODE, private
 from streams.engine.topics import ensure_topics, resolve_repartition_topic, topology
-from streams.exposition import merge
+from streams.exposition import merge, snapshot
 from streams.kafka_settings import KafkaAccessError, KafkaRefusalWording
 from streams.logs import install_kafka_log_filter, plain_unless_terminal
 from streams.progress import STOP_GRACE_S, arm_stop_watchdog
@@ -364,12 +364,9 @@ def create_app(settings: Settings) -> StreamsApp:
     async def metrics_page(web: Any, request: Any) -> Any:
         """This process' metrics, merged with its child's (streams.exposition): a child
         that does not answer is served as of its latest view, so counters never go back."""
-        text = generate_latest()
         child = app.stage_process
-        if child is not None:
-            view = await child.view() or child.last
-            if view is not None:
-                text = merge([text.decode(), view.metrics])
+        view = (await child.view() or child.last) if child is not None else None
+        text = merge([snapshot(), view.metrics]) if view is not None else generate_latest()
         return web.bytes(text, content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
     @app.page("/ready")

@@ -176,7 +176,7 @@ def run(
             }
         )
         ids = {output: set[str](), stale: set[str]()}
-        _assign_all(consumer, [output, stale])
+        assign_all(consumer, [output, stale])
         deadline = time.monotonic() + timeout_s
         while sum(map(len, ids.values())) < decided:
             if time.monotonic() > deadline or process.poll() is not None:
@@ -216,7 +216,7 @@ def ce_id(message: Message) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _assign_all(consumer: Consumer, topics: list[str]) -> None:
+def assign_all(consumer: Consumer, topics: list[str]) -> None:
     """Every partition of `topics` from its start (no group coordination: nothing to wait for)."""
     partitions = []
     metadata = consumer.list_topics(timeout=30)

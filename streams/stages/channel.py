@@ -17,6 +17,8 @@ import pickle
 import struct
 from dataclasses import dataclass, field
 
+from prometheus_client.metrics_core import Metric
+
 HEADER = struct.Struct("!I")
 VIEW = "view"
 EXIT_FAILED = 1
@@ -37,8 +39,9 @@ class StageView:
     """streams.stages.pipeline.Pipeline.status of its stages."""
     owned: dict[str, int] = field(default_factory=dict)
     """Partitions per stage."""
-    metrics: str = ""
-    """Its Prometheus registry, exposition text (streams.exposition merges it)."""
+    metrics: list[Metric] = field(default_factory=list)
+    """Its Prometheus registry's families (streams.exposition.snapshot; merged by
+    streams.exposition.merge)."""
 
 
 async def send(writer: asyncio.StreamWriter, message: object) -> None:

@@ -29,11 +29,10 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable
 
-from prometheus_client import generate_latest
-
 from streams.config import Settings
 from streams.engine import failpoints
 from streams.engine.librdkafka.consumer import RdBatchLoop
+from streams.exposition import snapshot
 from streams.kafka_settings import KafkaRefusalWording
 from streams.logs import install_kafka_log_filter
 from streams.progress import STOP_GRACE_S, arm_stop_watchdog
@@ -123,7 +122,7 @@ class StageChild:
             ready=pipeline.ready,
             status=pipeline.status(),
             owned={stage.name: len(stage.owned) for stage in pipeline.stages},
-            metrics=generate_latest().decode(),
+            metrics=snapshot(),
         )
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

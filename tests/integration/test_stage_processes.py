@@ -95,7 +95,12 @@ def test_events_flow_and_pages_cover_both_processes(kafka_bootstrap: str, tmp_pa
             assert b"error" not in checked.stderr.lower(), checked.stderr.decode()
 
         # The ready line names the child; the progress line counts its records (its view).
-        assert f"emit (2 partitions; process {child})" in worker.tail(400)
+        # (It is logged by the worker's 1 s timer once /ready says ready: awaited.)
+        wait_for(
+            lambda: f"emit (2 partitions; process {child})" in worker.tail(400),
+            15,
+            "the ready line naming the emit child",
+        )
         wait_for(
             lambda: re.search(r"progress over .*; emit [1-9]", worker.tail(400)),
             30,

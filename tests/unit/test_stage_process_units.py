@@ -14,18 +14,24 @@ from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from streams.config import ConfigError, load_settings
-from streams.exposition import merge, samples
+from streams.exposition import merge, samples, snapshot
 from streams.stages.channel import StageView, receive, send
 from streams.stages.supervisor import exit_status
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def registry_text(records: float, lag: float | None, latency: float) -> str:
-    """One process' exposition, with the product's kinds of families."""
+def parsed(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples of an exposition text, as Prometheus reads it."""
+    return samples(text_string_to_metric_families(text))
+
+
+def registry_families(records: float, lag: float | None, latency: float) -> list[Metric]:
+    """One process' registry, with the product's kinds of families."""
     registry = CollectorRegistry()
     stage_records = Counter("t_stage_records", "Records", ["stage"], registry=registry)
     stuck = Gauge("t_stage_stuck", "Stuck", ["stage"], registry=registry)
@@ -37,16 +43,16 @@ def registry_text(records: float, lag: float | None, latency: float) -> str:
     if lag is not None:
         lags.labels("emit").set(lag)
     seconds.observe(latency)
-    return generate_latest(registry).decode()
+    return snapshot(registry)
 
 
 def test_merge_sums_each_series_once_per_family() -> None:
-    worker = registry_text(0, None, 0.5)
-    child = registry_text(7, 3, 1.5)
+    worker = registry_families(0, None, 0.5)
+    child = registry_families(7, 3, 1.5)
     merged = merge([worker, child]).decode()
     names = [family.name for family in text_string_to_metric_families(merged)]
     assert len(names) == len(set(names))  # no family twice
-    values = samples(merged)
+    values = parsed(merged)
     assert values[("t_stage_records_total", (("stage", "emit"),))] == 7
     assert values[("t_stage_records_total", (("stage", "normalize"),))] == 0
     assert values[("t_stage_lag", (("stage", "emit"),))] == 3
@@ -60,13 +66,15 @@ def test_merge_sums_each_series_once_per_family() -> None:
 
 
 def test_merge_of_one_is_the_same_text() -> None:
-    text = generate_latest().decode()
-    assert merge([text]).decode() == text
+    registry = CollectorRegistry()
+    Counter("t_records", "Records", ["stage"], registry=registry).labels("emit").inc(3)
+    Histogram("t_seconds", "Seconds", registry=registry, buckets=(1,)).observe(0.5)
+    assert merge([snapshot(registry)]) == generate_latest(registry)
 
 
 def test_process_metrics_of_both_processes() -> None:
-    worker = generate_latest().decode()  # the default registry: process_*, python_*
-    merged = samples(merge([worker, worker]).decode())
+    worker = snapshot()  # the default registry: process_*, python_*
+    merged = parsed(merge([worker, worker]).decode())
     alone = samples(worker)
     if ("process_cpu_seconds_total", ()) in alone:  # Linux
         cpu = ("process_cpu_seconds_total", ())
@@ -84,8 +92,8 @@ def test_the_merged_exposition_passes_promtool(tmp_path: Path) -> None:
     import streams.metrics as product
 
     product.start_at_zero(["default"], ["out"])
-    text = generate_latest().decode()
-    merged = merge([text, text])
+    families = snapshot()
+    merged = merge([families, families])
     checked = subprocess.run(
         [promtool, "check", "metrics"], input=merged, capture_output=True, check=False
     )
@@ -106,16 +114,22 @@ def test_channel_round_trip() -> None:
         ours, theirs = socket.socketpair()
         _, writer = await asyncio.open_unix_connection(sock=ours)
         their_reader, their_writer = await asyncio.open_unix_connection(sock=theirs)
-        view = StageView(True, False, {"emit": {"assigned": False}}, {"emit": 0}, "x 1.0\n")
+        view = StageView(True, False, {"emit": {"assigned": False}}, {"emit": 0}, snapshot())
         await send(writer, view)
         got = await receive(their_reader)
         writer.close()
         their_writer.close()
         return got
 
-    assert asyncio.run(round_trip()) == StageView(
-        True, False, {"emit": {"assigned": False}}, {"emit": 0}, "x 1.0\n"
+    got = asyncio.run(round_trip())
+    assert isinstance(got, StageView)
+    assert (got.started, got.ready, got.status, got.owned) == (
+        True,
+        False,
+        {"emit": {"assigned": False}},
+        {"emit": 0},
     )
+    assert {family.name for family in got.metrics} == {family.name for family in snapshot()}
 
 
 def test_the_setting_and_its_variable() -> None:

@@ -103,6 +103,8 @@ class Round:
         self.remaining = count if tracked is None else tracked
         """Reports still to come (of the records given a callback)."""
         self.done: asyncio.Future[None] = loop.create_future()
+        self.unqueued: KafkaError | None = None
+        """Why `produce` itself refused a record (those from it on were never queued)."""
         if not self.remaining:
             self.done.set_result(None)
 
@@ -116,11 +118,13 @@ class Round:
 
         return delivered
 
-    def fail_rest(self, start: int, error: KafkaError) -> None:
-        """Records from `start` on were never queued (`produce` itself refused)."""
+    def fail_rest(self, start: int, error: KafkaError, only: set[int] | None) -> None:
+        """Records from `start` on were never queued (`produce` itself refused); `only`: the
+        indexes given a callback (None: all)."""
+        self.unqueued = error
         for index in range(start, len(self.reports)):
-            if self.reports[index] is None:
-                self.reports[index] = (error, -1, -1)
+            self.reports[index] = (error, -1, -1)
+            if only is None or index in only:
                 self.remaining -= 1
         if self.remaining == 0:
             self._finish()
@@ -156,7 +160,7 @@ async def produce_round(
             except BufferError:
                 await asyncio.sleep(0.005)  # the queue drains as Kafka acknowledges
             except KafkaException as exc:  # refused before queueing (size, unknown topic)
-                round_.fail_rest(index, exc.args[0])
+                round_.fail_rest(index, exc.args[0], only)
                 return round_
     return round_
 
