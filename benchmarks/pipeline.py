@@ -23,8 +23,9 @@ pairs), three loops read the same input:
 3. pipeline: the full worker (normalize, repartition, dedupe, order, output), with its CPU
    time and each stage's time split into waiting for records, handling and committing;
    `pipeline-2proc` the same worker with a process per stage (STREAMS_STAGE_PROCESSES=2);
-   `--rounds N` runs the pipeline contestants N times, alternating, and prints each one's
-   median;
+   `--rounds N` runs the pipeline contestants (and Kafka Streams, 6.) N times, alternating,
+   and prints each one's median; the closing ratios are then the medians of each round's
+   pipeline / Kafka Streams pair, measured side by side;
 4. the new ceiling: a bare librdkafka (confluent-kafka) consume -> produce loop, one
    transaction per batch with its offsets (benchmarks.ceiling);
 5. the client floor: the pipeline's Kafka and RocksDB calls for each delivery, in its record
@@ -792,6 +793,8 @@ def main() -> int:
     same = True  # the Kafka Streams job decided as the pipeline (exit status 1 if not)
     pipeline: PipelineRun | None = None
     streams: kstreams.StreamsRun | None = None
+    streams_runs: list[kstreams.StreamsRun] = []
+    """One Kafka Streams run per round, each right after that round's pipeline runs."""
     delays: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         workdir = Path(tmp)
@@ -825,10 +828,29 @@ def main() -> int:
                     f"  {run.rate:>10,.0f} events/s; worker {per_delivery(run.cpu_seconds, count)}",
                     flush=True,
                 )
+            if "kstreams" in chosen:
+                streams_runs.append(
+                    kstreams.run(
+                        bootstrap,
+                        raw_topic,
+                        count,
+                        distinct,
+                        workdir,
+                        lambda *names: asyncio.run(create_topics(bootstrap, *names)),
+                    )
+                )
+                decided = ", ".join(f"{k} {v:,}" for k, v in streams_runs[-1].counts.items())
+                print(
+                    f"kafka-streams (the same job, exactly_once_v2, warm JVM): "
+                    f"{streams_runs[-1].rate:>10,.0f} events/s; JVM (all threads) "
+                    f"{per_delivery(streams_runs[-1].cpu_seconds, count)}; {decided}",
+                    flush=True,
+                )
         # The ratios below are the default worker's (stream.stage_processes), when it ran.
         default = StreamConfig().stage_processes
         ran = sorted(runs.items(), key=lambda item: PIPELINES[item[0]] != default)
         pipeline = next((found[0] for _, found in ran), None)
+        pipelines = next((found for _, found in ran), [])  # one per round, as streams_runs
         if args.rounds > 1 or len(runs) > 1:
             for name, found in runs.items():
                 rates = sorted(run.rate for run in found)
@@ -865,22 +887,8 @@ def main() -> int:
                 f"{bare.rate:,.0f} events/s; bench process {per_delivery(bare.cpu_seconds, count)}",
                 flush=True,
             )
-        if "kstreams" in chosen:
-            streams = kstreams.run(
-                bootstrap,
-                raw_topic,
-                count,
-                distinct,
-                workdir,
-                lambda *names: asyncio.run(create_topics(bootstrap, *names)),
-            )
-            decided = ", ".join(f"{k} {v:,}" for k, v in streams.counts.items())
-            print(
-                f"kafka-streams (the same job, exactly_once_v2, warm JVM): {streams.rate:>10,.0f} "
-                f"events/s; JVM (all threads) {per_delivery(streams.cpu_seconds, count)}; "
-                f"{decided}",
-                flush=True,
-            )
+        if streams_runs:
+            streams = streams_runs[0]
             if pipeline is not None:
                 same = check_same_ids(
                     streams,
@@ -910,12 +918,20 @@ def main() -> int:
             f"client floor / kafka-streams: {bare.rate / streams.rate:.2f} events/s, "
             f"{bare.cpu_seconds / streams.cpu_seconds:.2f} CPU per delivery"
         )
-    if pipeline is not None and streams is not None:
-        print(
-            "worker CPU per delivery, pipeline / kafka-streams JVM: "
-            f"{pipeline.cpu_seconds / streams.cpu_seconds:.2f}"
-        )
-        print(f"pipeline / kafka-streams: {pipeline.rate / streams.rate:.2f}")
+    pairs = list(zip(pipelines, streams_runs, strict=False))
+    if pairs:
+        # Each round's pipeline against that round's Kafka Streams run (side by side); with
+        # several rounds, the medians of those pairs' ratios.
+        cpu = sorted(ours.cpu_seconds / theirs.cpu_seconds for ours, theirs in pairs)
+        rate = sorted(ours.rate / theirs.rate for ours, theirs in pairs)
+        if len(pairs) > 1:
+            print(
+                f"{len(pairs)} rounds, pipeline / kafka-streams per round: events/s "
+                f"{', '.join(f'{ratio:.2f}' for ratio in rate)}; CPU per delivery "
+                f"{', '.join(f'{ratio:.2f}' for ratio in cpu)} (medians below)"
+            )
+        print(f"worker CPU per delivery, pipeline / kafka-streams JVM: {cpu[len(cpu) // 2]:.2f}")
+        print(f"pipeline / kafka-streams: {rate[len(rate) // 2]:.2f}")
     return 0 if same else 1
 
 

@@ -15,8 +15,7 @@ and the KafkaTopic manifests), so the ACLs cannot name other topics than the str
   outputs, stale outputs and the dead-letter topic; DescribeConfigs of them all (the start-up
   check of `max.message.bytes`); its groups `<app_id>`, `<app_id>-normalize`, `<app_id>-emit`
   (the stage groups' configs too: their KIP-848 session timeout and heartbeat);
-  its transactional ids (`<app_id>-emit-<member>` and `<app_id>-normalize-<member>`,
-  prefixed).
+  its transactional ids (`<app_id>-emit-<partition>`, prefixed).
 * bridge: Write its raw topic, nothing else.
 * reconcile (`python -m connectors reconcile --instance NAME`): what a bridge has (it
   publishes to a raw topic), and Read of the worker's keys changelog (`<app_id>-keys-changelog`:
@@ -93,10 +92,7 @@ def worker_acls(settings: Settings) -> list[Acl]:
         Acl("group", group, ("Read", "Describe", "DescribeConfigs", "AlterConfigs"))
         for group in (f"{app_id}-normalize", f"{app_id}-emit")
     ]
-    acls += [
-        Acl("transactionalId", f"{app_id}-{stage}-", ("Write", "Describe"), True)
-        for stage in ("normalize", "emit")
-    ]
+    acls.append(Acl("transactionalId", f"{app_id}-emit-", ("Write", "Describe"), True))
     return acls
 
 

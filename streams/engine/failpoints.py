@@ -5,8 +5,6 @@ reaches `<point>`, so that a test can crash it exactly where a guarantee is at s
 
 * `after-output`: a batch's output records are acknowledged by Kafka (or its transaction
   committed), its state and input offsets are not yet recorded.
-* `normalize-uncommitted` (`emit-uncommitted`): a stage's transaction holds a batch's
-  records, flushed to Kafka, and is not committed yet (nor are its input offsets).
 * `stage-process-start`: a stage child process (`stream.stage_processes = 2`) has its
   settings and has not started its clients yet.
 
@@ -28,12 +26,6 @@ _point, _, _count = _spec.partition(":")
 _remaining = int(_count) if _count.isdigit() else 1
 _hits = 0
 _unwritable = os.environ.get("STREAMS_UNWRITABLE_TOPIC", "")
-
-
-def wants(point: str) -> bool:
-    """Whether `point` is the configured failpoint (its caller may prepare the moment, e.g.
-    flush what it wrote, before `reached`)."""
-    return bool(_spec) and point == _point
 
 
 def reached(point: str) -> None:

@@ -194,9 +194,7 @@ class EmitStage:
                     changelog_records = self.store.changelog_records(plan.writes)
                     try:
                         written = await self.transactions.commit(
-                            f"partition {tp.partition}",
-                            [*plan.outputs, *changelog_records],
-                            offsets,
+                            tp.partition, [*plan.outputs, *changelog_records], offsets
                         )
                         break
                     except RecordsRefused as exc:  # aborted: replace them, then again

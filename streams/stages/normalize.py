@@ -1,13 +1,10 @@
 """Stage one's runner: a batch of raw deliveries normalized, routed and written, keyed by
 object, to the repartition topic (dead letters for what cannot be parsed).
 
-With `exactly_once` (the default) a batch's records and its input offsets commit in one
-transaction of the stage member (streams.engine.librdkafka.transactions): no delivery report
-per record, and a worker killed mid-batch leaves nothing of it for the emit stage to read.
-With `at_least_once` the offsets are committed after Kafka acknowledged every record of the
-batch and of every batch before it (a repeat is a duplicate the emit stage drops). Either
-way, never idle on Kafka: while up to MAX_BATCHES_IN_FLIGHT batches wait for their commits,
-the next one is fetched, normalized and queued.
+At least once: a batch's input offsets are committed after Kafka acknowledged every record
+of it and of every batch before it (a repeat is a duplicate the emit stage drops). Never idle
+on Kafka: while up to MAX_BATCHES_IN_FLIGHT batches wait for their acknowledgements and
+commits, the next one is fetched, normalized and queued.
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ from streams.core.records import (
 from streams.core.routing import Routed, route
 from streams.engine.batches import Batch
 from streams.engine.librdkafka.producer import RdRecordSender
-from streams.engine.librdkafka.transactions import MemberTransactions, PartitionsMoved
-from streams.engine.outcomes import DeadLetters, RecordsRefused
+from streams.engine.outcomes import DeadLetters
 from streams.progress import Stopping
 
 log = logging.getLogger(__name__)
@@ -65,20 +61,13 @@ class NormalizeStage:
         self,
         settings: Settings,
         sender: RdRecordSender,
-        transactions: MemberTransactions | None,
         commit: Callable[[Batch], Awaitable[None]],
         stop_on_failure: Callable[[str, BaseException], Awaitable[None]],
-        moved: Callable[[], None],
     ) -> None:
         self.settings = settings
         self.sender = sender
-        self.transactions = transactions
-        """The stage member's transactions (exactly_once); None: the sender, then `commit`."""
         self.commit = commit
-        """Commits a batch's input offsets (the stage's group member; at_least_once)."""
-        self.moved = moved
-        """Called when a transaction was given up because the group moved on (the member
-        rewinds to its committed offsets)."""
+        """Commits a batch's input offsets (the stage's group member)."""
         self.stop_on_failure = stop_on_failure
         """Called when a batch's write fails outside the stage's loop (nobody awaits it)."""
         self.dead_letter_topic = settings.stream.dead_letter_topic
@@ -126,58 +115,17 @@ class NormalizeStage:
     ) -> None:
         try:
             dead_letter = _dead_letter_once(origins, self.dead_letter_topic)
-            if self.transactions is not None:
-                if previous is not None:
-                    await previous  # offsets in order: its failure is this batch's too
-                await self._transact(batch, records, dead_letter, self.transactions)
-                return
             sent = await self.sender.send_all(records, "normalize", dead_letter)
             lettered = sum(refused.replacement is not None for refused in sent.refused)
             metrics.DEAD_LETTERED.labels("normalize").inc(lettered)
             if previous is not None:
                 await previous  # offsets in order: its failure is this batch's too
             await self.commit(batch)
-        except PartitionsMoved:
-            # Aborted, the group moved on: nothing of it is visible; the member rewinds to
-            # the committed offsets (never a crash).
-            self.moved()
         except (asyncio.CancelledError, Stopping):
             raise
         except Exception as exc:
             await self.stop_on_failure("normalize", exc)
             raise
-
-    async def _transact(
-        self,
-        batch: Batch,
-        records: list[OutRecord],
-        dead_letter: Callable[[OutRecord, str], OutRecord | None],
-        transactions: MemberTransactions,
-    ) -> None:
-        """Write the batch's records and commit its offsets in one transaction; records Kafka
-        refuses are replaced by dead letters of their deliveries, and the rest commits again."""
-        offsets = {tp: messages[-1].offset() + 1 for tp, messages in batch.items() if messages}
-        part = f"a batch of {len(records)} records"
-        while True:
-            try:
-                await transactions.commit(part, records, offsets)
-                return
-            except RecordsRefused as exc:  # aborted: nothing of it was written
-                refused = {id(record): reason for record, reason in exc.refused}
-                kept: list[OutRecord] = []
-                for record in records:
-                    reason = refused.get(id(record))
-                    if reason is None:
-                        kept.append(record)
-                        continue
-                    replacement = dead_letter(record, reason)
-                    outcome = "dead-lettered" if replacement is not None else "dropped"
-                    metrics.REFUSED.labels(record.topic, outcome).inc()
-                    log.error("%s; %s", reason, outcome)
-                    if replacement is not None:
-                        metrics.DEAD_LETTERED.labels("normalize").inc()
-                        kept.append(replacement)
-                records = kept
 
     def _route(
         self, batch: Batch

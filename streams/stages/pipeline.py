@@ -103,22 +103,13 @@ class Pipeline:
             DeadLetters(stream.dead_letter_topic, "emit"),
         )
         self.transactions: MemberTransactions | None = None
-        """The emit member's transactions (exactly_once)."""
-        self.normalize_transactions: MemberTransactions | None = None
-        """The normalize member's transactions (exactly_once)."""
         if stream.processing_guarantee == "exactly_once":
-            member = stream.group_instance_id or f"{socket.gethostname()}-{os.getpid()}"
             self.transactions = MemberTransactions(
-                settings.kafka, stream.app_id, member, self._group_metadata, self.progress
-            )
-            self.normalize_transactions = MemberTransactions(
                 settings.kafka,
                 stream.app_id,
-                member,
-                self._normalize_group_metadata,
+                stream.group_instance_id or f"{socket.gethostname()}-{os.getpid()}",
+                self._group_metadata,
                 self.progress,
-                stage="normalize",
-                only_errors=True,  # its offsets are the consumer's, not its records'
             )
         self.store = StateStore(
             stream.data_dir / f"{stream.app_id}-state",
@@ -129,12 +120,7 @@ class Pipeline:
             },
         )
         self.normalizer = NormalizeStage(
-            settings,
-            self.sender,
-            self.normalize_transactions,
-            self._commit_normalized,
-            stop_on_failure,
-            self._normalize_moved,
+            settings, self.sender, self._commit_normalized, stop_on_failure
         )
         self.emitter = EmitStage(
             settings,
@@ -153,11 +139,6 @@ class Pipeline:
             self.normalizer.handle,
             commits_offsets=False,  # the stage commits each batch once it is acknowledged
             drain=self.normalizer.drain,
-            resume=(
-                self.normalize_transactions.resume
-                if self.normalize_transactions is not None
-                else None
-            ),
             max_records=stream.batch_size,
             within_ms=within_ms,
             kafka=settings.kafka,
@@ -208,15 +189,8 @@ class Pipeline:
         """The emit member's group metadata, for its transactions (exactly-once v2)."""
         return self.emit.group_metadata
 
-    def _normalize_group_metadata(self) -> object:
-        """The normalize member's group metadata, for its transactions."""
-        return self.normalize.group_metadata
-
     def _moved(self) -> None:
         self.emit.moved()
-
-    def _normalize_moved(self) -> None:
-        self.normalize.moved()
 
     def _fence_partition_producers(self, assigned: set[TopicPartition]) -> None:
         """The transactional ids per input partition that the aiokafka engine (before
@@ -247,12 +221,10 @@ class Pipeline:
             )
         await self.sender.start()
         if self.transactions is not None and self.runs_emit:
-            # Before the stage members join: initialising a producer under its member's
+            # Before the emit member joins: initialising the producer under this member's
             # transactional.id aborts what a killed predecessor left open, which the member's
             # committed-offset read (require_stable) would otherwise wait out.
             await self.transactions.prepare(set())
-        if self.normalize_transactions is not None and "normalize" in self.runs:
-            await self.normalize_transactions.prepare(set())
         for group, loop in self._groups():
             if loop in self.stages:
                 await self._adopt_offsets(group, loop.topics)
@@ -287,11 +259,7 @@ class Pipeline:
         if self.departure.leaving:  # a scale-in: its partitions move now, not in a session
             closing.append(("leaving the groups", self.departure.leave_stage_groups))
         if self.transactions is not None and self.runs_emit:
-            closing.append(("the emit transactional producer", self.transactions.stop))
-        if self.normalize_transactions is not None and "normalize" in self.runs:
-            closing.append(
-                ("the normalize transactional producer", self.normalize_transactions.stop)
-            )
+            closing.append(("the transactional producers", self.transactions.stop))
         closing.append(("the producer", self.sender.stop))
         try:
             for what, close in closing:

@@ -73,16 +73,13 @@ def raw(value: bytes | str, source: str, **headers: str) -> tuple[bytes, list[He
     return body, out
 
 
-async def read_topic(
-    bootstrap: str, topic: str, timeout_s: float = 30.0, isolation: str = "read_committed"
-) -> list[Read]:
-    """Every record of `topic` from the beginning up to its end offsets at call time
-    (`read_uncommitted`: those of open and aborted transactions too)."""
+async def read_topic(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[Read]:
+    """Every record of `topic` from the beginning up to its end offsets at call time."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         enable_auto_commit=False,
         group_id=None,
-        isolation_level=isolation,
+        isolation_level="read_committed",
     )
     await consumer.start()
     try:

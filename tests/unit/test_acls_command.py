@@ -53,9 +53,8 @@ def test_the_worker_gets_every_topic_it_uses_with_the_least_it_needs(settings: S
             "DescribeConfigs",
             "AlterConfigs",
         )
-    for stage in ("normalize", "emit"):  # each stage member's transactional producer
-        transactions = acls[("transactionalId", f"{app_id}-{stage}-")]
-        assert transactions.prefixed and "Write" in transactions.operations
+    transactions = acls[("transactionalId", f"{app_id}-emit-")]
+    assert transactions.prefixed and "Write" in transactions.operations
     assert not any(acl.resource == "cluster" for acl in acls.values())  # KIP-679
 
 

@@ -42,7 +42,7 @@ def test_a_slow_librdkafka_transaction_that_moved_leaves_no_trouble(
 
     async def scenario() -> None:
         with pytest.raises(rd_transactions.PartitionsMoved):
-            await txns.commit("partition 0", [], {})
+            await txns.commit(0, [], {})
 
     asyncio.run(asyncio.wait_for(scenario(), 5))
     assert seen_in_trouble == [True]  # the slow write was reported ...
@@ -65,7 +65,7 @@ def test_a_librdkafka_transaction_given_up_on_stopping_leaves_no_trouble(
 
     async def scenario() -> None:
         with pytest.raises(Stopping):
-            await txns.commit("partition 0", [], {})
+            await txns.commit(0, [], {})
 
     asyncio.run(asyncio.wait_for(scenario(), 5))
     assert not progress.in_trouble("emit")

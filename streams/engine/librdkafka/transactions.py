@@ -1,24 +1,21 @@
-"""Exactly-once v2 (KIP-447) for both stages: one transactional producer per stage member.
+"""Exactly-once v2 (KIP-447) for the emit stage: one transactional producer per emit member.
 
-One producer per stage, `transactional.id = <app id>-<stage>-<member>` (the member is
+One producer, `transactional.id = <app id>-emit-<member>` (the member is
 `stream.group_instance_id`, stable across a worker's restarts, so a restarted worker aborts
-the transaction its previous life left open), writes every record of the stage (stage one:
-keyed records and dead letters; stage two: outputs and changelog records), and
-`send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())` ties each commit
-to the stage consumer's group generation: a worker whose partitions moved while it was away
-(frozen, partitioned) cannot commit for them any more, whatever its producer. A committed
-transaction holds every record of it, so no record needs its own delivery report: only the
-last record of each changelog partition gets one (where the state's records end).
+the transaction its previous life left open), writes every partition's outputs and changelog
+records, and `send_offsets_to_transaction(offsets, consumer.consumer_group_metadata())` ties
+each commit to the consumer's group generation: a worker whose partitions moved while it was
+away (frozen, partitioned) cannot commit for them any more, whatever its producer.
 
-Commits of several parts waiting at once go into one transaction (a transaction costs a few
-round trips to the coordinator whatever it carries). A failure of it:
+Commits of several partitions' parts waiting at once go into one transaction (a transaction
+costs a few round trips to the coordinator whatever it carries). A failure of it:
 * Kafka away, a timeout: aborted and tried again (the same records), with a growing pause;
 * records Kafka refuses: aborted; a transaction of several parts is tried again part by
   part, and a part's refused batch record by record, so that `RecordsRefused` names them
   (the caller replaces them and commits again);
 * fenced producer, stale group generation or member, lost partitions: these partitions
   moved. Aborted (a fenced producer is replaced), every waiting commit fails with
-  `PartitionsMoved`, and so does each later one until the stage member has rewound its
+  `PartitionsMoved`, and so does each later one until the emit member has rewound its
   partitions to their committed offsets (`resume`): their pending work is dropped and read
   again, never a crash.
 Any other fatal producer error is raised (the worker stops, closing its consumers first).
@@ -194,10 +191,9 @@ class _Moved(Exception):
 
 @dataclass(slots=True)
 class _Request:
-    """One part (an emit partition's, a normalize batch): its records and the offsets to
-    commit with them."""
+    """One partition's part: its records and the offsets to commit with them."""
 
-    part: str
+    partition: int
     records: Sequence[OutRecord]
     offsets: dict[TopicPartition, int]
     done: asyncio.Future[list[Acknowledged]]
@@ -226,8 +222,8 @@ def error_of(exc: BaseException) -> KafkaError | None:
 
 
 class MemberTransactions:
-    """A stage member's transactional producer: `prepare`, `commit(part, records, offsets)`,
-    `stop`."""
+    """The emit member's transactional producer: `prepare`, `commit(partition, records,
+    offsets)`, `stop`."""
 
     def __init__(
         self,
@@ -236,18 +232,11 @@ class MemberTransactions:
         member: str,
         group_metadata: Callable[[], Any],
         progress: Progress,
-        stage: str = "emit",
-        only_errors: bool = False,
     ) -> None:
         self.kafka = KafkaSettings.of(kafka)
-        self.stage = stage
-        self.only_errors = only_errors
-        """Delivery reports for failed records only (`delivery.report.only.error`): for a
-        stage that needs no offsets of what it wrote, so librdkafka reports nothing on the
-        common path (a committed transaction holds every record)."""
-        self.transactional_id = f"{app_id}-{stage}-{member}"
+        self.transactional_id = f"{app_id}-emit-{member}"
         self.group_metadata = group_metadata
-        """The stage consumer's current group metadata (generation, member id, epoch)."""
+        """The emit consumer's current group metadata (generation, member id, epoch)."""
         self.progress = progress
         self._txn: _Txn | None = None
         self._stuck: list[_Txn] = []
@@ -264,7 +253,7 @@ class MemberTransactions:
         return self._moved
 
     def resume(self) -> None:
-        """The stage member rewound its partitions after PartitionsMoved: commit again."""
+        """The emit member rewound its partitions after PartitionsMoved: commit again."""
         self._moved = False
 
     async def _ready_producer(self) -> _Txn:
@@ -283,7 +272,6 @@ class MemberTransactions:
                 **{
                     "transactional.id": self.transactional_id,
                     "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
-                    "delivery.report.only.error": self.only_errors,
                 },
             )
         )
@@ -299,33 +287,30 @@ class MemberTransactions:
             self.progress.check()
             try:
                 await self.progress.watch(
-                    self.stage, "starting the transactional producer", self._ready_producer()
+                    "emit", "starting the transactional producer", self._ready_producer()
                 )
-                self.progress.recovered(self.stage)
+                self.progress.recovered("emit")
                 return
             except KafkaException as exc:
                 error = error_of(exc)
                 if error is not None and error.fatal() and error.code() not in MOVED:
                     raise
                 self.progress.trouble(
-                    self.stage,
-                    "init",
-                    f"starting the transactional producer failed ({exc}); retrying",
+                    "emit", "init", f"starting the transactional producer failed ({exc}); retrying"
                 )
                 self._txn = None
                 await self.progress.pause(delay)
                 delay = min(delay * 2, MAX_BACKOFF_S)
 
     async def commit(
-        self, part: str, records: Sequence[OutRecord], offsets: dict[TopicPartition, int]
+        self, partition: int, records: Sequence[OutRecord], offsets: dict[TopicPartition, int]
     ) -> list[Acknowledged]:
         """Write `records` and commit `offsets` in one transaction (possibly with other
-        parts); where the records of each topic partition went. `part` names it in logs
-        (the emit stage's partition)."""
+        partitions' parts); where the records of each topic partition went."""
         if self._moved:
-            raise PartitionsMoved(f"{part}: the group moved on; not committed")
+            raise PartitionsMoved(f"partition {partition}: the group moved on; not committed")
         done: asyncio.Future[list[Acknowledged]] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Request(part, records, offsets, done))
+        self._queue.append(_Request(partition, records, offsets, done))
         if self._committer is None or self._committer.done():
             self._committer = asyncio.ensure_future(self._commit_waiting())
         return await done
@@ -350,7 +335,7 @@ class MemberTransactions:
         finally:
             # Moved, refused, stopping: the attempts ended, and any trouble they reported
             # with them (a transaction slowed by a freeze, then moved, left /ready at 503).
-            self.progress.given_up(self.stage, who)
+            self.progress.given_up("emit", who)
 
     async def _attempts(self, requests: list[_Request], who: object) -> None:
         delay = 0.2
@@ -358,12 +343,12 @@ class MemberTransactions:
             self.progress.check()
             if self._moved:
                 raise PartitionsMoved("the group moved on; not committed")
-            parts = ", ".join(request.part for request in requests)
+            partitions = ", ".join(str(request.partition) for request in requests)
             try:
                 await self.progress.watch(
-                    self.stage, f"a transaction for {parts}", self._once(requests), who
+                    "emit", f"a transaction for partitions {partitions}", self._once(requests), who
                 )
-                self.progress.recovered(self.stage, who)
+                self.progress.recovered("emit", who)
                 for request in requests:
                     request.done.set_result(
                         acknowledgements(
@@ -376,10 +361,9 @@ class MemberTransactions:
                 self._moved = True
                 self.moved_count += 1
                 log.warning(
-                    "%s: a transaction for %s was aborted, the group moved on "
+                    "emit: a transaction for partitions %s was aborted, the group moved on "
                     "(%s): their pending work is dropped and read again",
-                    self.stage,
-                    parts,
+                    partitions,
                     exc,
                 )
                 moved = PartitionsMoved(str(exc))
@@ -415,9 +399,9 @@ class MemberTransactions:
                     request.diagnose = True  # the next attempt tells a refused record
                 metrics.SEND_RETRIES.inc()
                 self.progress.trouble(
-                    self.stage,
+                    "emit",
                     f"txn:{error.name() if error is not None else type(exc).__name__}",
-                    f"a transaction for {parts} failed ({exc}); retrying",
+                    f"a transaction for partitions {partitions} failed ({exc}); retrying",
                     who,
                 )
                 await self.progress.pause(delay)
@@ -451,10 +435,6 @@ class MemberTransactions:
                 unqueued = request.rounds[-1].unqueued if request.rounds else None
                 if unqueued is not None:  # never commit without the records not queued
                     raise KafkaException(unqueued)
-            uncommitted = f"{self.stage}-uncommitted"
-            if failpoints.wants(uncommitted):  # a crash test: its records in Kafka, uncommitted
-                await txn.call("flush", producer.flush, CALL_TIMEOUT_S)
-                failpoints.reached(uncommitted)
             offsets = [
                 RdTopicPartition(tp.topic, tp.partition, offset)
                 for request in requests
