@@ -432,9 +432,9 @@ class MemberTransactions:
                     request.rounds.append(
                         await produce_round(producer, request.records, _last_per_place(request))
                     )
-                unqueued = request.rounds[-1].unqueued if request.rounds else None
-                if unqueued is not None:  # never commit without the records not queued
-                    raise KafkaException(unqueued)
+                for round_ in request.rounds:  # never commit without records never queued
+                    if round_.unqueued is not None:
+                        raise KafkaException(round_.unqueued)
             offsets = [
                 RdTopicPartition(tp.topic, tp.partition, offset)
                 for request in requests
