@@ -117,7 +117,13 @@ from benchmarks.cluster_faults import (
     BrokerKill,
     ClusterFaults,
 )
-from benchmarks.harness import PrivateBroker, WorkerProcess, free_port, private_broker_env
+from benchmarks.harness import (
+    PrivateBroker,
+    WorkerProcess,
+    finish_on_sigterm,
+    free_port,
+    private_broker_env,
+)
 from dev.kafka.private import PrivateCluster
 from streams.config import load_settings
 from streams.core.event import FileEvent
@@ -1021,6 +1027,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the run's directory")
     parser.add_argument("--json", type=Path, help="also write the figures here, as JSON")
     args = parser.parse_args(argv)
+    finish_on_sigterm()
     if args.brokers == 2 or args.brokers < 1:
         parser.error("--brokers: 1, or 3 or more (2 in sync of 3 survive one broker lost)")
     # aiokafka logs every refused connection while the broker is down; the table says enough.

@@ -57,6 +57,17 @@ def private_broker_env(bootstrap: str, **extra: str) -> dict[str, str]:
     return {**env, "KAFKA_BOOTSTRAP_SERVERS": bootstrap, **extra}
 
 
+def finish_on_sigterm() -> None:
+    """SIGTERM (a `timeout`, a test's kill of the run) ends the run as Ctrl-C would, through
+    its `finally` blocks: the worker and the private brokers it started are stopped, not left
+    running with their directories."""
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

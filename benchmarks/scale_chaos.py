@@ -71,7 +71,13 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from benchmarks.chaos import Producer, Result, build_workload, compare, lag_now, read_topic
-from benchmarks.harness import PrivateBroker, WorkerProcess, bootstrap_servers, free_port
+from benchmarks.harness import (
+    PrivateBroker,
+    WorkerProcess,
+    bootstrap_servers,
+    finish_on_sigterm,
+    free_port,
+)
 from streams.engine.membership import admin_client, describe_group
 
 PROCESSED_AGAIN_WITHIN_S = 5.0
@@ -712,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the run's directory")
     parser.add_argument("--json", type=Path, help="also write the figures here, as JSON")
     args = parser.parse_args(argv)
+    finish_on_sigterm()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     random.seed(args.seed)
