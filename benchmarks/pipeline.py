@@ -42,7 +42,10 @@ CPU per delivery: the process's user + system time (/proc/<pid>/stat, all thread
 timed span, divided by the deliveries: the worker's (with its child process, if any), the
 JVM's, the bench process's for the librdkafka loop.
 
-Each figure is events/s from the first input read to the last output acknowledged. Then
+Each figure is events/s from the first input read to the last output acknowledged (for the
+pipeline and Kafka Streams alike: the last decided event readable `read_committed` on the
+output and stale topics, read from outside, so that neither serves a metrics page meanwhile).
+Then
 latency at a fixed offered load: p50/p99 from publishing a delivery to the raw topic until its
 event is readable (read_committed) on the output topic. `--profile` samples the pipeline's
 worker with py-spy and prints where its time went (benchmarks.profile). Then the other
