@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from support import kafka_io
 
 from benchmarks.webhook import records_on
 from connectors.publisher import RawPublisher, raw_headers
@@ -33,12 +33,7 @@ async def create_topic(bootstrap: str, topic: str) -> None:
     """Create `topic` and return once each of its partitions took a write: a partition
     created a moment ago may answer its first produce with NotLeaderForPartition while its
     leader loads (a bridge's raw topic exists long before)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
-    finally:
-        await admin.close()
+    await kafka_io.create_topic(bootstrap, topic, PARTITIONS)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
     await producer.start()
     try:

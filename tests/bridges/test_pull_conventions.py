@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from azure.storage.queue import QueueClient
 from support.azurite import Azurite, azurite  # noqa: F401 (the fixture)
 from support.bridge_process import BridgeProcess
+from support.kafka_io import create_topic
 from support.moto_server import aws_client, unique_name
 from support.pubsub_emulator import NO_METADATA, emulator  # noqa: F401 (the fixture)
 from support.worker import ROOT, free_port
@@ -163,15 +163,6 @@ class Bridge(BridgeProcess):
             (name, dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(value))
             for name, labels, value in SAMPLE.findall(text)
         ]
-
-
-async def create_topic(bootstrap: str, name: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, 1, 1)])
-    finally:
-        await admin.close()
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ import asyncio
 import uuid
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from support.kafka_io import read_topic
+from support.kafka_io import create_topic, read_topic
 
 from streams.core.records import OutRecord
 from streams.engine.librdkafka.producer import PRODUCER_CONFIG
@@ -19,15 +18,6 @@ from streams.engine.outcomes import RecordsRefused
 from streams.progress import Progress
 
 pytestmark = pytest.mark.kafka
-
-
-async def create_topic(bootstrap: str, name: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, 1, 1)])
-    finally:
-        await admin.close()
 
 
 def test_a_record_produce_refuses_aborts_the_transaction_and_is_named(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from support.event_schema import check_record
 
@@ -61,6 +62,15 @@ async def produce_to(bootstrap: str, topic: str, records: list[tuple[int, bytes,
             await producer.send_and_wait(topic, value, key=key, partition=partition)
     finally:
         await producer.stop()
+
+
+async def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, partitions, 1)])
+    finally:
+        await admin.close()
 
 
 def raw(value: bytes | str, source: str, **headers: str) -> tuple[bytes, list[Header]]:
