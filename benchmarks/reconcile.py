@@ -56,6 +56,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -149,20 +150,37 @@ def put_bucket(endpoint: str, layout: Layout, concurrency: int) -> None:
     client = s3_client(endpoint, os.environ.get("AWS_REGION", "us-east-1"))
     with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
         client.create_bucket(Bucket=BUCKET)
+
+    def put(i: int) -> None:
+        client.put_object(Bucket=BUCKET, Key=object_key(i), Body=body(i))
+
+    fill(put, layout.keys, concurrency, "s3", every=50_000, chunksize=256)
+
+
+def fill(
+    put: Callable[[int], None],
+    count: int,
+    concurrency: int,
+    label: str,
+    every: int,
+    chunksize: int,
+) -> None:
+    """`put(i)` for every object number, `concurrency` threads, a progress line every
+    `every` objects."""
     started = time.monotonic()
     done = 0
     lock = threading.Lock()
 
-    def put(i: int) -> None:
+    def counted(i: int) -> None:
         nonlocal done
-        client.put_object(Bucket=BUCKET, Key=object_key(i), Body=body(i))
+        put(i)
         with lock:
             done += 1
-            if done % 50_000 == 0:
-                log(f"s3: {done} objects ({done / (time.monotonic() - started):.0f}/s)")
+            if done % every == 0:
+                log(f"{label}: {done} objects ({done / (time.monotonic() - started):.0f}/s)")
 
     with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(put, range(layout.keys), chunksize=256))
+        list(pool.map(counted, range(count), chunksize=chunksize))
 
 
 def gofakes3_bucket(binary: str, layout: Layout, concurrency: int) -> tuple[str, Any]:
@@ -182,12 +200,8 @@ def gofakes3_bucket(binary: str, layout: Layout, concurrency: int) -> tuple[str,
     )
     time.sleep(1)
     local = threading.local()
-    started = time.monotonic()
-    done = 0
-    lock = threading.Lock()
 
     def put(i: int) -> None:
-        nonlocal done
         connection = getattr(local, "connection", None)
         if connection is None:
             connection = local.connection = http.client.HTTPConnection("127.0.0.1", port)
@@ -199,13 +213,8 @@ def gofakes3_bucket(binary: str, layout: Layout, concurrency: int) -> tuple[str,
         response.read()
         if response.status != 200:
             raise RuntimeError(f"PUT {object_key(i)}: HTTP {response.status}")
-        with lock:
-            done += 1
-            if done % 100_000 == 0:
-                log(f"gofakes3: {done} objects ({done / (time.monotonic() - started):.0f}/s)")
 
-    with ThreadPoolExecutor(concurrency) as pool:
-        list(pool.map(put, range(layout.keys), chunksize=1000))
+    fill(put, layout.keys, concurrency, "gofakes3", every=100_000, chunksize=1000)
     return f"http://127.0.0.1:{port}", server
 
 
