@@ -7,11 +7,13 @@ Writes the same records (900 bytes, two headers) in batches of 2,000 through the
 librdkafka's included) per record:
 
 * `reports`: the idempotent producer, a Python callback per record, served by a report
-  thread (stage one with `at_least_once`, and before 2026-12 always);
+  thread (stage one before 2026-12-05; the emit stage's `at_least_once` writes);
+* `failures only`: the idempotent producer with `delivery.report.only.error`, a round done
+  once the producer holds none of its records (QuietRounds: stage one since 2026-12-05);
 * `transaction`: a transactional producer, a transaction per batch, no callback; librdkafka
   still hands each record's report to the client, which takes the GIL to find none;
-* `transaction, errors only`: the same with `delivery.report.only.error` (stage one with
-  `exactly_once`): nothing per record on the common path.
+* `transaction, errors only`: the same with `delivery.report.only.error` (stage one in
+  transactions, tried and set aside: BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -29,7 +31,12 @@ from confluent_kafka.cimpl import NewTopic
 from benchmarks.ceiling import process_cpu_seconds
 from benchmarks.harness import kafka_settings
 from streams.core.records import OutRecord
-from streams.engine.librdkafka.producer import PRODUCER_CONFIG, ReportThread, produce_round
+from streams.engine.librdkafka.producer import (
+    PRODUCER_CONFIG,
+    QuietRounds,
+    ReportThread,
+    produce_round,
+)
 
 BATCH = 2_000
 
@@ -39,6 +46,23 @@ async def with_reports(config: dict[str, object], records: list[OutRecord]) -> N
     reports = ReportThread(producer, "reports")
     for start in range(0, len(records), BATCH):
         round_ = await produce_round(producer, records[start : start + BATCH])
+        await round_.done
+    await reports.stop()
+
+
+async def failures_only(config: dict[str, object], records: list[OutRecord]) -> None:
+    quiet = QuietRounds()
+    producer = Producer(
+        {
+            **config,
+            **PRODUCER_CONFIG,
+            "delivery.report.only.error": True,
+            "on_delivery": quiet.failed,
+        }
+    )
+    reports = ReportThread(producer, "reports", quiet)
+    for start in range(0, len(records), BATCH):
+        round_ = await produce_round(producer, records[start : start + BATCH], quiet=quiet)
         await round_.done
     await reports.stop()
 
@@ -81,6 +105,7 @@ async def run(bootstrap: str, count: int, rounds: int) -> None:
     ]
     ways: list[tuple[str, Callable[[], Awaitable[None]]]] = [
         ("reports", lambda: with_reports(config, records)),
+        ("failures only", lambda: failures_only(config, records)),
         ("transaction", lambda: in_transactions(config, records, False)),
         ("transaction, errors only", lambda: in_transactions(config, records, True)),
     ]

@@ -137,6 +137,8 @@ class Sender:
         client_id: str,
         progress: Progress,
         dead_letters: DeadLetters,
+        *,
+        failures_only: bool = False,
     ) -> None:
         self.kafka = KafkaSettings.of(kafka)
         self.client_id = client_id
@@ -144,6 +146,9 @@ class Sender:
         self.dead_letters = dead_letters
         """The replacement of a refused record when the caller names none, and always of a
         refused dead letter."""
+        self.failures_only = failures_only
+        """Kafka reports only the records it did not take: no call per record, and
+        `Sent.acknowledged` stays empty (for a caller that needs no offsets: stage one)."""
 
     async def send_all(
         self, records: Sequence[OutRecord], stage: str, replace: Replace | None = None

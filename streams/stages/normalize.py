@@ -76,14 +76,16 @@ class NormalizeStage:
 
     async def handle(self, batch: Batch) -> None:
         """Normalize one batch and start its write; its offsets are committed once it and
-        every batch before it are acknowledged (`_write`). Waits only while
-        MAX_BATCHES_IN_FLIGHT are in flight."""
+        every batch before it are acknowledged (`_write`). Normalizes first, then waits
+        only while MAX_BATCHES_IN_FLIGHT are in flight: the batches before are acknowledged
+        meanwhile (the stage's producer knows a batch is stored once it holds no record,
+        streams.engine.librdkafka.producer.QuietRounds)."""
         while self._in_flight and self._in_flight[0].done():
             self._in_flight.popleft().result()  # a failure raises here (the stage stops)
+        records, origins = self._route(batch)
         while len(self._in_flight) >= MAX_BATCHES_IN_FLIGHT:
             await self._in_flight[0]
             self._in_flight.popleft()
-        records, origins = self._route(batch)
         previous = self._in_flight[-1] if self._in_flight else None
         self._in_flight.append(
             asyncio.ensure_future(self._write(batch, records, origins, previous))

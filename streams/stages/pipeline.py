@@ -102,6 +102,14 @@ class Pipeline:
             self.progress,
             DeadLetters(stream.dead_letter_topic, "emit"),
         )
+        self.normalize_sender = RdRecordSender(
+            settings.kafka,
+            f"{stream.app_id}-normalize-sender",
+            self.progress,
+            DeadLetters(stream.dead_letter_topic, "normalize"),
+            failures_only=True,
+        )
+        """Stage one's producer: it needs no offsets, so Kafka reports only failures."""
         self.transactions: MemberTransactions | None = None
         if stream.processing_guarantee == "exactly_once":
             self.transactions = MemberTransactions(
@@ -120,7 +128,7 @@ class Pipeline:
             },
         )
         self.normalizer = NormalizeStage(
-            settings, self.sender, self._commit_normalized, stop_on_failure
+            settings, self.normalize_sender, self._commit_normalized, stop_on_failure
         )
         self.emitter = EmitStage(
             settings,
@@ -219,7 +227,8 @@ class Pipeline:
                 tuple(group for group, loop in self._groups() if loop in self.stages),
                 stream.session_timeout_s,
             )
-        await self.sender.start()
+        for sender in self._senders:
+            await sender.start()
         if self.transactions is not None and self.runs_emit:
             # Before the emit member joins: initialising the producer under this member's
             # transactional.id aborts what a killed predecessor left open, which the member's
@@ -230,6 +239,13 @@ class Pipeline:
                 await self._adopt_offsets(group, loop.topics)
                 await loop.start()
         settle_collector()
+
+    @property
+    def _senders(self) -> list[RdRecordSender]:
+        """The producers this process uses: stage one's, and the emit stage's (its at-least-
+        once writes, the sweep)."""
+        senders = [self.normalize_sender] if "normalize" in self.runs else []
+        return [*senders, self.sender] if self.runs_emit else senders
 
     def _groups(self) -> tuple[tuple[str, RdBatchLoop], ...]:
         return ((self.normalize_group, self.normalize), (self.emit_group, self.emit))
@@ -260,7 +276,7 @@ class Pipeline:
             closing.append(("leaving the groups", self.departure.leave_stage_groups))
         if self.transactions is not None and self.runs_emit:
             closing.append(("the transactional producers", self.transactions.stop))
-        closing.append(("the producer", self.sender.stop))
+        closing.extend((f"the producer {each.client_id}", each.stop) for each in self._senders)
         try:
             for what, close in closing:
                 try:

@@ -64,11 +64,13 @@ async def produce_to(bootstrap: str, topic: str, records: list[tuple[int, bytes,
         await producer.stop()
 
 
-async def create_topic(bootstrap: str, name: str, partitions: int = 1) -> None:
+async def create_topic(
+    bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None
+) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(name, partitions, 1)])
+        await admin.create_topics([NewTopic(name, partitions, 1, topic_configs=config or {})])
     finally:
         await admin.close()
 

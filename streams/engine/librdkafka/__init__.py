@@ -5,7 +5,8 @@ this package only moves records between Kafka and them:
 
 * `consumer.RdBatchLoop`: a stage's group member (confluent_kafka.Consumer, KIP-848 or
   classic cooperative-sticky), incremental assignments, batches handed to the event loop;
-* `producer.RdRecordSender`: the idempotent producer (normalize, at_least_once emit, sweep);
+* `producer.RdRecordSender`: the idempotent producers: stage one's, which reports only
+  failures, and the emit stage's (at_least_once writes, the sweep);
 * `transactions.MemberTransactions`: exactly-once v2 (KIP-447), one transactional producer
   per emit member, offsets sent with the consumer's group metadata.
 """

@@ -6,14 +6,20 @@ producer's delivery reports (`poll`) and resolves one asyncio future per `send_a
 once every record of it has a report. So the loop never blocks on Kafka, and no thread hop
 is paid per record, only per round.
 
+A sender made `failures_only` (stage one's) takes no Python call per record at all: its
+producer reports only the records Kafka did not take (`delivery.report.only.error`), and a
+round is done once the producer holds none of its records (QuietRounds). It does not say
+where the records went (`Sent.acknowledged` stays empty).
+
 librdkafka retries what Kafka may take later (a broker away, a leader moving, with
 idempotence and in order) by itself, up to `message.timeout.ms`; a record still without
 acknowledgement then is sent again here, with those after it in its partition, after a
 growing pause, until Kafka takes it: a transient failure holds the stream back, it never
 becomes a drop. A record Kafka refuses for what it is (REFUSALS: too large for its topic) is
-never sent again: when several records of one partition were refused together (one message
-set), they are sent again one at a time to tell which, and each refused one is replaced by
-what the caller's `Replace` makes of it (streams.engine.outcomes.DeadLetters by default).
+never sent again: Kafka refuses a message set as a whole, and one may hold records of
+several rounds, so a refused record is sent again alone (Turns) to tell whether it is the
+one, and each refused alone is replaced by what the caller's `Replace` makes of it
+(streams.engine.outcomes.DeadLetters by default).
 
 Partitions are librdkafka's `murmur2_random`: the Java client's murmur2 for a key (as
 streams.core.partitioning.partition_for), spread for records without one.
@@ -22,9 +28,10 @@ streams.core.partitioning.partition_for), spread for records without one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,6 +125,12 @@ class Round:
 
         return delivered
 
+    def settled(self) -> None:
+        """Its records are all out of the producer (QuietRounds): done."""
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.loop.call_soon_threadsafe(self._finish)
+
     def fail_rest(self, start: int, error: KafkaError, only: set[int] | None) -> None:
         """Records from `start` on were never queued (`produce` itself refused); `only`: the
         indexes given a callback (None: all)."""
@@ -135,11 +148,29 @@ class Round:
 
 
 async def produce_round(
-    producer: Producer, records: Sequence[OutRecord], only: set[int] | None = None
+    producer: Producer,
+    records: Sequence[OutRecord],
+    only: set[int] | None = None,
+    quiet: QuietRounds | None = None,
 ) -> Round:
     """Queue `records` in order (waiting while librdkafka's queue is full); their Round.
-    `only`: the indexes of the records that get a delivery report (default: all)."""
-    round_ = Round(asyncio.get_running_loop(), len(records), None if only is None else len(only))
+    `only`: the indexes of the records that get a delivery report (default: all). `quiet`:
+    the producer reports only failures, and the round is done once QuietRounds says so."""
+    if quiet is not None:
+        only = set()
+    tracked = 1 if quiet is not None else None if only is None else len(only)
+    round_ = Round(asyncio.get_running_loop(), len(records), tracked)
+    try:
+        await _queue(producer, records, round_, only)
+    finally:
+        if quiet is not None:
+            quiet.queued(round_, records)
+    return round_
+
+
+async def _queue(
+    producer: Producer, records: Sequence[OutRecord], round_: Round, only: set[int] | None
+) -> None:
     for index, record in enumerate(records):
         callback = round_.callback(index) if only is None or index in only else None
         partition = -1 if record.partition is None else record.partition
@@ -161,8 +192,7 @@ async def produce_round(
                 await asyncio.sleep(0.005)  # the queue drains as Kafka acknowledges
             except KafkaException as exc:  # refused before queueing (size, unknown topic)
                 round_.fail_rest(index, exc.args[0], only)
-                return round_
-    return round_
+                return
 
 
 def acknowledgements(
@@ -196,23 +226,144 @@ def is_refusal(error: KafkaError | None) -> bool:
     return error is not None and error.code() in REFUSALS
 
 
-class ReportThread:
-    """Serves one producer's callbacks (delivery reports) until stopped."""
+Failure = tuple[KafkaError, str, bytes | None, bytes | None]
+"""A record Kafka did not take, as its report says: the error, topic, key and value."""
 
-    def __init__(self, producer: Producer, name: str) -> None:
+QUIET_POLL_S = 0.002
+"""How often a quiet producer's out-queue is looked at while rounds wait on it."""
+
+
+class QuietRounds:
+    """The rounds of a producer that reports only failures (`delivery.report.only.error`;
+    librdkafka frees a record Kafka took without a report). `len(producer)` counts the
+    records it holds and the reports not yet served, so once it is 0 every record queued
+    before is either stored or reported failed, and the failures' reports were served: the
+    rounds queued by then are done. A failure is matched to its record by topic, key and
+    value (identical records are interchangeable: either one sent again is the same bytes).
+
+    The rounds are queued on the event loop; `failed` and `settle` run in the thread that
+    serves the producer (ReportThread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._rounds: list[tuple[Round, Sequence[OutRecord]]] = []
+        self._failures: list[Failure] = []
+
+    def queued(self, round_: Round, records: Sequence[OutRecord]) -> None:
+        """Every record of `round_` that will be queued is (the rest failed before)."""
+        with self._lock:
+            self._rounds.append((round_, records))
+
+    def waiting(self) -> list[tuple[Round, Sequence[OutRecord]]]:
+        with self._lock:
+            return list(self._rounds)
+
+    def failed(self, error: KafkaError, message: Message) -> None:
+        """The producer's `on_delivery`: called for failures only."""
+        self._failures.append((error, message.topic() or "", message.key(), message.value()))
+
+    def settle(self, rounds: list[tuple[Round, Sequence[OutRecord]]]) -> None:
+        """`rounds` (queued before the producer's out-queue was seen empty) are done: their
+        failures are in their reports."""
+        if self._failures:
+            self._failures = self._match(rounds, self._failures)
+        with self._lock:
+            settled = {id(round_) for round_, _ in rounds}
+            self._rounds = [entry for entry in self._rounds if id(entry[0]) not in settled]
+        for round_, _ in rounds:
+            round_.settled()
+
+    @staticmethod
+    def _match(
+        rounds: list[tuple[Round, Sequence[OutRecord]]], failures: list[Failure]
+    ) -> list[Failure]:
+        """Write each failure into its record's report; those of no record in `rounds` (a
+        round queued since) are kept."""
+        places: dict[tuple[str, bytes | None, bytes | None], list[tuple[Round, int]]] = {}
+        for round_, records in reversed(rounds):
+            for index in range(len(records) - 1, -1, -1):
+                record = records[index]
+                if round_.reports[index] is None:
+                    place = (record.topic, record.key, record.value)
+                    places.setdefault(place, []).append((round_, index))
+        kept: list[Failure] = []
+        for failure in failures:
+            error, topic, key, value = failure
+            candidates = places.get((topic, key, value))
+            if not candidates:
+                kept.append(failure)
+                continue
+            round_, index = candidates.pop()  # the oldest first
+            round_.reports[index] = (error, -1, -1)
+        return kept
+
+
+class ReportThread:
+    """Serves one producer's callbacks (delivery reports) until stopped; with `quiet`, also
+    settles its rounds whenever the producer holds no record."""
+
+    def __init__(self, producer: Producer, name: str, quiet: QuietRounds | None = None) -> None:
         self.producer = producer
+        self.quiet = quiet
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
+        producer, quiet = self.producer, self.quiet
         while not self._stopped.is_set():
-            self.producer.poll(0.05)
+            if quiet is None:
+                producer.poll(0.05)
+                continue
+            waiting = quiet.waiting()  # before looking at the queue: these are all queued
+            producer.poll(QUIET_POLL_S if waiting else 0.05)
+            if waiting and len(producer) == 0:
+                quiet.settle(waiting)
 
     async def stop(self, flush_s: float = 10.0) -> None:
         self._stopped.set()
         await asyncio.to_thread(self._thread.join)
         await asyncio.to_thread(self.producer.flush, flush_s)
+        if self.quiet is not None:
+            waiting = self.quiet.waiting()
+            if waiting and len(self.producer) == 0:
+                self.quiet.settle(waiting)
+
+
+class Turns:
+    """Who may queue on a sender's producer. Rounds share it, so librdkafka may put records of
+    several rounds in one message set, and Kafka refuses a set as a whole: a record sent to
+    tell whether Kafka refuses it for itself goes alone, once every round before it is done
+    and before any other is queued."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Condition()
+        self._sharing = 0
+        self._alone = False
+
+    @contextlib.asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._alone)
+            self._sharing += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._sharing -= 1
+                self._changed.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def alone(self) -> AsyncIterator[None]:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._alone and not self._sharing)
+            self._alone = True
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._alone = False
+                self._changed.notify_all()
 
 
 @dataclass(slots=True)
@@ -230,11 +381,17 @@ class RdRecordSender(Sender):
 
     _producer: Producer | None = None
     _reports: ReportThread | None = None
+    _quiet: QuietRounds | None = None
+    _turns: Turns | None = None
 
     async def start(self) -> None:
         """librdkafka connects in the background: nothing here waits for Kafka."""
-        self._producer = Producer(producer_config(self.kafka, self.client_id, error_cb=self._error))
-        self._reports = ReportThread(self._producer, f"{self.client_id}-reports")
+        extra: dict[str, Any] = {"error_cb": self._error}
+        self._quiet = QuietRounds() if self.failures_only else None
+        if self._quiet is not None:
+            extra |= {"delivery.report.only.error": True, "on_delivery": self._quiet.failed}
+        self._producer = Producer(producer_config(self.kafka, self.client_id, **extra))
+        self._reports = ReportThread(self._producer, f"{self.client_id}-reports", self._quiet)
 
     def _error(self, error: KafkaError) -> None:
         # librdkafka's own retries cover these; fatal ones end the producer (sends fail, and
@@ -265,7 +422,6 @@ class RdRecordSender(Sender):
                 batch = [waiting.single.pop(0)]
             else:
                 batch, waiting.records = waiting.records, []
-            assert self._producer is not None
             try:
                 failpoints.check_writable({record.topic for record in batch})
             except FailpointError as exc:  # as if Kafka were away (streams.engine.failpoints)
@@ -284,16 +440,18 @@ class RdRecordSender(Sender):
                 await self.progress.pause(delay)
                 delay = min(delay * 2, MAX_BACKOFF_S)
                 continue
-            round_ = await produce_round(self._producer, batch)
-            await self.progress.watch(stage, f"{len(batch)} records", round_.done, who)
+            turns = self._turns = self._turns or Turns()
+            async with turns.alone() if single else turns.shared():
+                assert self._producer is not None
+                round_ = await produce_round(self._producer, batch, quiet=self._quiet)
+                await self.progress.watch(stage, f"{len(batch)} records", round_.done, who)
             sent.acknowledged.extend(acknowledgements(batch, round_.reports))
             failed: list[OutRecord] = []
             refused: list[tuple[OutRecord, KafkaError]] = []
             error: KafkaError | None = None
             fatal = False
             for record, report in zip(batch, round_.reports, strict=True):
-                assert report is not None
-                if report[0] is None:
+                if report is None or report[0] is None:  # stored (a quiet round: no report)
                     continue
                 if is_refusal(report[0]):
                     refused.append((record, report[0]))
@@ -301,9 +459,10 @@ class RdRecordSender(Sender):
                     failed.append(record)
                     error = report[0]
                     fatal = fatal or report[0].fatal()
-            if len(refused) == 1:  # alone, or alone in its partition: it is the one
-                self._refused(sent, waiting, *refused[0], replace)
-            else:
+            if single:  # sent alone (Turns): it is the one
+                for record, error in refused:
+                    self._refused(sent, waiting, record, error, replace)
+            else:  # refused with its message set, maybe for another record in it
                 waiting.single.extend(record for record, _ in refused)
             if failed:
                 # In their order, before anything not sent yet.
