@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.kafka_io import produce, read_topic
+from support.kafka_io import Read, produce, read_topic
 from support.payloads import appwrite_body, s3_body, s3_record
-from support.worker import Topology, Worker
+from support.worker import Topology, Worker, wait_for
 
 from streams.core.normalizers import SOURCES
 
@@ -130,8 +130,12 @@ def test_a_raw_record_repeating_a_header_a_decision_reads_is_dead_lettered(
     lettered = worker.metric("storage_events_dead_lettered_total", stage="normalize")
     asyncio.run(produce(kafka_bootstrap, names.raw, [(body, twice)]))
     worker.wait_metric("storage_events_dead_lettered_total", lettered + 1, stage="normalize")
-    letters = asyncio.run(read_topic(kafka_bootstrap, names.dead_letter))
-    [letter] = [record for record in letters if record.value == body]
+
+    def lettered_body() -> list[Read]:  # counted when decided, readable once written
+        letters = asyncio.run(read_topic(kafka_bootstrap, names.dead_letter))
+        return [record for record in letters if record.value == body]
+
+    [letter] = wait_for(lettered_body, 30, "the dead letter on its topic")
     assert b"repeated header(s) header.x-appwrite-webhook-events" in letter.headers["error"]
     assert [value for name, value in letter.header_lines if name.endswith("webhook-events")] == [
         deleted,

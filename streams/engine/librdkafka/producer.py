@@ -460,8 +460,8 @@ class RdRecordSender(Sender):
                     error = report[0]
                     fatal = fatal or report[0].fatal()
             if single:  # sent alone (Turns): it is the one
-                for record, error in refused:
-                    self._refused(sent, waiting, record, error, replace)
+                for record, refusal in refused:
+                    self._refused(sent, waiting, record, refusal, replace)
             else:  # refused with its message set, maybe for another record in it
                 waiting.single.extend(record for record, _ in refused)
             if failed:
@@ -475,8 +475,9 @@ class RdRecordSender(Sender):
                     f"({error}); sending them again",
                     who,
                 )
-                if fatal:
-                    await self._renew()
+                if fatal:  # once no other write is queued on the old producer
+                    async with turns.alone():
+                        await self._renew()
                 await self.progress.pause(delay)
                 delay = min(delay * 2, MAX_BACKOFF_S)
         self.progress.recovered(stage, who)
