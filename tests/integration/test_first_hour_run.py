@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 from support.worker import free_port
@@ -90,6 +90,18 @@ class Lines:
         return self.seen
 
 
+def launch(args: list[str], **options: Any) -> subprocess.Popen[str]:
+    """Start `args` in a session of its own, taking Ctrl-C as in a terminal. A suite run in
+    the background (`make test &` from a script) ignores SIGINT, and an ignored signal stays
+    ignored across exec, so every Python below would ignore the test's Ctrl-C; a handled one
+    is reset to the default. So SIGINT is handled here while the child starts."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return subprocess.Popen(args, start_new_session=True, text=True, **options)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def interrupt(process: subprocess.Popen[str], timeout_s: float = 90) -> None:
     """Ctrl-C in its terminal: SIGINT to its whole process group."""
     os.killpg(process.pid, signal.SIGINT)
@@ -106,14 +118,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         WEBHOOK_PORT=str(webhook_port),
         STREAMS_WEB_PORT=str(free_port()),
     )
-    process = subprocess.Popen(
+    process = launch(
         ["make", "--no-print-directory", "run"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
     )
     output = Lines(process.stdout)
     try:
@@ -150,14 +160,12 @@ def make_send(stack: Stack) -> None:
 
 def test_the_sample_twice_is_one_event_and_make_send_a_new_one_each_time(stack: Stack) -> None:
     # The README's consumer, as written, in the activated virtualenv.
-    consumer = subprocess.Popen(
+    consumer = launch(
         ["/bin/bash", "-c", ". .venv/bin/activate && exec python -m examples.first_consumer"],
         cwd=ROOT,
         env={**stack.env, "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{stack.kafka_port}"},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
     )
     printed, logged = Lines(consumer.stdout), Lines(consumer.stderr)
     try:
@@ -179,14 +187,12 @@ def test_the_sample_twice_is_one_event_and_make_send_a_new_one_each_time(stack: 
     assert len(set(ids)) == 3  # the sample once, and one per `make send`
 
     # `make tail` (from the beginning) says how many of what it printed came before it.
-    tail = subprocess.Popen(
+    tail = launch(
         ["make", "--no-print-directory", "tail"],
         cwd=ROOT,
         env=stack.env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
     )
     tailed, said = Lines(tail.stdout), Lines(tail.stderr)
     try:
