@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from azure.storage.queue import QueueClient
 from support.azurite import Azurite, azurite  # noqa: F401 (the fixture)
 from support.bridge_process import BridgeProcess
-from support.kafka_io import Read, read_topic
+from support.kafka_io import Read, create_topic, read_topic
 from support.payloads import azure_event
 from support.worker import ROOT, Topology, Worker, free_port, wait_for
 
@@ -213,7 +212,7 @@ def test_a_message_kafka_does_not_acknowledge_stays_and_comes_back(harness: Harn
     # A topic whose broker-side record limit refuses every Event Grid message: the broker
     # is up, the producer connected, and the write is not acknowledged.
     refusing = f"refusing-{uuid.uuid4().hex[:8]}"
-    asyncio.run(create_topic(harness.bootstrap, refusing, {"max.message.bytes": "64"}))
+    asyncio.run(create_topic(harness.bootstrap, refusing, config={"max.message.bytes": "64"}))
     key = f"{uuid.uuid4().hex[:8]}/kept.bin"
     event = azure_event(str(uuid.uuid4()), key, "0000000000000442000000000002896B")
     queue = harness.queue()
@@ -299,12 +298,3 @@ def test_refused_credentials_are_one_line_and_exit_2(harness: Harness) -> None:
     assert len(lines) == 1, done.stderr
     assert "refused the credentials" in lines[0]
     queue.delete_queue()
-
-
-async def create_topic(bootstrap: str, name: str, config: dict[str, str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, 1, 1, topic_configs=config)])
-    finally:
-        await admin.close()

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from support.bridge_process import BridgeProcess
-from support.kafka_io import Read, read_topic
+from support.kafka_io import Read, create_topic, read_topic
 from support.local_broker import PrivateBroker
 from support.payloads import gcs_attributes, gcs_resource
 from support.pubsub_emulator import NO_METADATA, emulator  # noqa: F401 (the fixture)
@@ -37,15 +37,6 @@ from support.worker import ROOT, Topology, Worker, free_port, wait_for
 from streams.engine.topics import MAX_MESSAGE_BYTES, RAW_MAX_MESSAGE_BYTES
 
 pytestmark = pytest.mark.kafka
-
-
-async def create_topic(bootstrap: str, name: str, config: dict[str, str] | None = None) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, 1, 1, topic_configs=config or {})])
-    finally:
-        await admin.close()
 
 
 async def set_max_message_bytes(bootstrap: str, name: str, limit: int) -> None:
@@ -264,7 +255,7 @@ def test_a_message_kafka_refuses_is_left_delivered_again_and_acked_once_written(
     kafka_bootstrap: str, pubsub: PubSub, tmp_path: Path
 ) -> None:
     refusing = f"pubsub-refusing-{uuid.uuid4().hex[:8]}"
-    asyncio.run(create_topic(kafka_bootstrap, refusing, {"max.message.bytes": "64"}))
+    asyncio.run(create_topic(kafka_bootstrap, refusing, config={"max.message.bytes": "64"}))
     topic, subscription = pubsub.subscription(ack_deadline_s=10)
     message_id = pubsub.publish(topic, *gcs_message("kept/x.png", "1", "OBJECT_FINALIZE"))
 
@@ -355,7 +346,7 @@ def test_a_message_too_large_for_the_raw_topic_is_dead_lettered_whole_and_acked(
     limits = {"raw": names.raw, "dead-letter": names.dead_letter}
     for role, name in limits.items():
         limit = {"max.message.bytes": str(MAX_MESSAGE_BYTES[role])}
-        asyncio.run(create_topic(kafka_bootstrap, name, limit))
+        asyncio.run(create_topic(kafka_bootstrap, name, config=limit))
     topic, subscription = pubsub.subscription()
     # Pub/Sub takes messages up to 10 MB; the raw topic records up to 4 MiB.
     big = os.urandom(9 * 1000 * 1000)

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from support.kafka_io import Header, Read, read_topic
+from support.kafka_io import Header, Read, create_topic, read_topic
 from support.payloads import s3_body, s3_record
 from support.worker import ROOT, Topology, Worker, wait_for
 
@@ -107,15 +107,6 @@ async def produce(
             await (await producer.send(topic, value, key=key, headers=list(headers)))
     finally:
         await producer.stop()
-
-
-async def create_topic(bootstrap: str, name: str, config: dict[str, str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, PARTITIONS, 1, topic_configs=config)])
-    finally:
-        await admin.close()
 
 
 async def alter_topic(bootstrap: str, name: str, config: dict[str, str]) -> None:
@@ -216,7 +207,7 @@ def test_a_dead_letter_topic_too_small_for_the_delivery_keeps_its_headers_not_a_
     `error.value-dropped` = its size), and the stream goes on."""
     attack = Attack(kafka_bootstrap, tmp_path / "worker")
     small = {"max.message.bytes": "2048"}
-    asyncio.run(create_topic(kafka_bootstrap, attack.names.dead_letter, small))
+    asyncio.run(create_topic(kafka_bootstrap, attack.names.dead_letter, PARTITIONS, small))
     try:
         attack.worker.start()
         poison = minio_body("k" * 400_000, "17A0000000000001")
@@ -252,7 +243,7 @@ def test_an_output_topic_that_refuses_the_record_gets_a_dead_letter_not_a_stall(
         kafka_bootstrap, tmp_path / "worker", {"STREAMS_PROCESSING_GUARANTEE": guarantee}
     )
     output = attack.names.output("default")
-    asyncio.run(create_topic(kafka_bootstrap, output, {"max.message.bytes": "2048"}))
+    asyncio.run(create_topic(kafka_bootstrap, output, PARTITIONS, {"max.message.bytes": "2048"}))
     try:
         attack.worker.start()
         key = unique("refused/out")
