@@ -18,6 +18,7 @@ from fileevents.dedupe import (
     DedupeStoreUnavailable,
     MemoryDedupeStore,
     RedisDedupeStore,
+    dedupe_id,
 )
 from fileevents.errors import EventDecodeError, Failure, HandlerTimeout, OnError, log_failure
 from fileevents.metrics import FileEventsMetrics
@@ -43,6 +44,7 @@ __all__ = [
     "Outcome",
     "RedisDedupeStore",
     "RetryPolicy",
+    "dedupe_id",
     "default_topic",
     "log_failure",
 ]

@@ -87,7 +87,10 @@ class FileEvents:
     of the product reads (`KAFKA_SECURITY_PROTOCOL`, `KAFKA_SASL_USERNAME`, ...), or those
     variables alone (`KAFKA_BOOTSTRAP_SERVERS`). Refused credentials or an untrusted
     certificate make `run()` raise `KafkaAccessError`, one line naming the setting.
-    `dedupe`: an optional `DedupeStore`, ids kept for `dedupe_ttl`. `on_error`: called for
+    `dedupe`: an optional `DedupeStore`, ids kept for `dedupe_ttl`, each under its consumer
+    group and provider scope; for `dedupe_legacy_window` (default `dedupe_ttl`; 0: never)
+    after `run()` starts, an id not found is also looked up as recorded before scopes
+    (fileevents.dedupe, fileevents/README.md "Upgrading"). `on_error`: called for
     every failure (default: log it). `retry`: attempts and backoff before an event is
     dead-lettered to `dead_letter_topic` (default `<topic>.dead-letter`). `commit_interval`:
     the shortest time between two offset commits. `max_buffered`: records fetched ahead per
@@ -111,6 +114,7 @@ class FileEvents:
         topic: str | None = None,
         dedupe: DedupeStore | None = None,
         dedupe_ttl: timedelta = timedelta(hours=24),
+        dedupe_legacy_window: timedelta | None = None,
         on_error: OnError = log_failure,
         retry: RetryPolicy | None = None,
         dead_letter_topic: str | None = None,
@@ -132,6 +136,8 @@ class FileEvents:
             raise ValueError("FileEvents needs a `group_id`: commits belong to a consumer group")
         if dedupe_ttl <= timedelta(0):
             raise ValueError("dedupe_ttl must be positive")
+        if dedupe_legacy_window is not None and dedupe_legacy_window < timedelta(0):
+            raise ValueError("dedupe_legacy_window must not be negative")
         if max_buffered < 1:
             raise ValueError("max_buffered must be at least 1")
         check_timeout("handler_timeout", handler_timeout)
@@ -152,6 +158,10 @@ class FileEvents:
         self.dead_letter_topic = dead_letter_topic or f"{topic}.dead-letter"
         self.dedupe = dedupe
         self.dedupe_ttl = dedupe_ttl
+        self.dedupe_legacy_window = (
+            dedupe_ttl if dedupe_legacy_window is None else dedupe_legacy_window
+        )
+        """How long after `run()` starts ids recorded before scopes are still read."""
         self.on_error = on_error
         self.retry = retry or RetryPolicy()
         self.commit_interval = commit_interval
@@ -278,6 +288,7 @@ class FileEvents:
             self.handler_timeout,
             self.metrics,
             self.topic,
+            self.dedupe_legacy_window,
         )
         try:
             try:

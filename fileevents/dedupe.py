@@ -2,8 +2,17 @@
 
 The library asks `has(id)` before running an event's handlers and calls `add(id, ttl)` once
 they all succeeded; an event that failed is never added, so a redelivery runs it again. The
-id it passes is `<group_id>:<event.id>`, so groups sharing one store never skip each
-other's events. See fileevents/README.md for the has-then-add race and its alternative.
+id it passes is `<group_id>|<scope>|<event.id>` (`dedupe_id`): groups sharing one store never
+skip each other's events, and one provider's ids never meet another's. The scope is the one
+the stream dedupes in (streams.core.ordering `scope`: the provider, narrowed to the Azure
+storage account or the AWS partition; a `reconcile` event's is `reconcile`), so a B2
+`eventId` equal to a GCS change's id cannot make that change a duplicate here either.
+
+Before scopes the id was `<group_id>:<event.id>` (`legacy_dedupe_id`). Nothing writes that
+form any more; for `dedupe_legacy_window` (default: the dedupe TTL) after `run()` starts, an
+id missing under its scoped key is also looked up under the old one, so a redelivery of an
+event handled before the upgrade is still a duplicate (fileevents/README.md, "Upgrading").
+See fileevents/README.md for the has-then-add race and its alternative.
 """
 
 from __future__ import annotations
@@ -16,7 +25,24 @@ from typing import Protocol
 
 from redis.asyncio import Redis, RedisCluster
 
+from streams.core.event import FileEvent
+from streams.core.ordering import scope
+
 _SWEEP_EVERY = 1024
+
+
+def dedupe_id(group_id: str, event: FileEvent) -> str:
+    """The id the store sees for `event` handled by `group_id`: `<group_id>|<scope>|<id>`.
+
+    A scope holds no `|` (nor `:`), so within one group no two (scope, id) share an id, and
+    none has the form before scopes (`<group_id>:...`)."""
+    return f"{group_id}|{scope(event)}|{event.id}"
+
+
+def legacy_dedupe_id(group_id: str, event: FileEvent) -> str:
+    """The id the store saw for `event` before scopes: `<group_id>:<event.id>`, whatever
+    provider issued it. Read during the upgrade window only, never written."""
+    return f"{group_id}:{event.id}"
 
 
 class DedupeStore(Protocol):

@@ -22,7 +22,7 @@ from prometheus_client import Counter
 from fileevents.codec import UnreadableRecord, decode_record
 from fileevents.context import EventContext
 from fileevents.deadletter import DeadLetterWriter, describe
-from fileevents.dedupe import DedupeStore
+from fileevents.dedupe import DedupeStore, dedupe_id, legacy_dedupe_id
 from fileevents.errors import (
     DEAD_LETTER,
     DECODE,
@@ -80,6 +80,7 @@ class EventProcessor:
         handler_timeout: timedelta | None = None,
         metrics: FileEventsMetrics | None = None,
         topic: str = "",
+        dedupe_legacy_window: timedelta | None = None,
     ) -> None:
         self._registry = registry
         self._handler_timeout = handler_timeout
@@ -94,10 +95,23 @@ class EventProcessor:
         self._on_error = on_error
         self._dedupe = dedupe
         self._dedupe_ttl = dedupe_ttl
+        window = dedupe_ttl if dedupe_legacy_window is None else dedupe_legacy_window
+        self._legacy_until = time.monotonic() + max(window, timedelta(0)).total_seconds()
+        """Until when (monotonic clock) a miss also reads the id's key before scopes."""
 
     def dedupe_id(self, event: FileEvent) -> str:
-        """The id the dedupe store sees for `event`: scoped to this consumer group."""
-        return f"{self._group_id}:{event.id}"
+        """The id the dedupe store sees for `event`: scoped to this consumer group and to the
+        provider scope that issued the id (fileevents.dedupe `dedupe_id`)."""
+        return dedupe_id(self._group_id, event)
+
+    async def _seen(self, dedupe: DedupeStore, event: FileEvent) -> bool:
+        """Whether the store holds `event`'s id; within the upgrade window, under its key
+        before scopes too (fileevents.dedupe)."""
+        if await dedupe.has(self.dedupe_id(event)):
+            return True
+        if time.monotonic() < self._legacy_until:
+            return await dedupe.has(legacy_dedupe_id(self._group_id, event))
+        return False
 
     async def process(
         self, record: ConsumerRecord[bytes, bytes], stopping: asyncio.Event
@@ -132,9 +146,9 @@ class EventProcessor:
         if not pending:
             return Outcome.NO_HANDLER
 
-        dedupe, dedupe_id = self._dedupe, self.dedupe_id(event)
+        dedupe, seen_id = self._dedupe, self.dedupe_id(event)
         if dedupe is not None and await self._reliably(
-            lambda: dedupe.has(dedupe_id), event, context, stopping
+            lambda: self._seen(dedupe, event), event, context, stopping
         ):
             logger.debug("event %s skipped: already handled by group %s", event.id, self._group_id)
             return Outcome.DUPLICATE
@@ -161,7 +175,7 @@ class EventProcessor:
         if dedupe is not None:
             try:
                 await self._reliably(
-                    lambda: dedupe.add(dedupe_id, self._dedupe_ttl), event, context, stopping
+                    lambda: dedupe.add(seen_id, self._dedupe_ttl), event, context, stopping
                 )
             except _Interrupted:
                 # The handlers did succeed: commit it rather than run them again elsewhere.

@@ -21,6 +21,7 @@ from consumer_support import (
     run_until,
     unique,
 )
+from support.payloads import b2_body, gcs_pull, gcs_resource
 from support.redis_server import RedisServer
 
 from fileevents import (
@@ -33,6 +34,9 @@ from fileevents import (
     RedisDedupeStore,
     RetryPolicy,
 )
+from fileevents.dedupe import dedupe_id, legacy_dedupe_id
+from streams.core.delivery import Delivery
+from streams.core.normalizers import normalize
 
 StoreFactory = Callable[[], AbstractAsyncContextManager[DedupeStore]]
 
@@ -106,7 +110,8 @@ def test_redelivered_ids_skipped_failed_ones_not_recorded(
             second = consumer(store)
             await run_until(second, done_with(second, len(records)), "every record, again")
             recorded = {
-                item.id: await store.has(f"{group}:{item.id}") for item in (sent_once, fails, later)
+                item.id: await store.has(dedupe_id(group, item))
+                for item in (sent_once, fails, later)
             }
         return first, second, recorded
 
@@ -225,4 +230,131 @@ def test_a_store_outage_delays_events_but_never_dead_letters_them(kafka_bootstra
         ("<dedupe>", 3, False),
     ]
     assert events.outcomes == {Outcome.HANDLED.value: 1}
-    assert asyncio.run(store.has(f"{group}:{item.id}"))
+    assert asyncio.run(store.has(dedupe_id(group, item)))
+
+
+# --- issue 31, item 1: one provider's ids never meet another's ---------------------------------
+
+
+def delivered(value: bytes, headers: list[tuple[str, bytes]]) -> FileEvent:
+    """The one canonical event the stream's normalizer makes of a raw delivery."""
+    found = dict(headers)
+    [made] = normalize(
+        Delivery(
+            source=found["source"].decode(),
+            body=value,
+            attributes={
+                name.removeprefix("attribute."): v.decode()
+                for name, v in headers
+                if name.startswith("attribute.")
+            },
+        )
+    )
+    return made
+
+
+@pytest.mark.kafka
+def test_a_b2_event_id_equal_to_a_gcs_change_s_id_does_not_make_it_a_duplicate(
+    kafka_bootstrap: str, store_factory: StoreFactory
+) -> None:
+    """An instance taking `gcs` and `b2`: a B2 credential posts an event whose `eventId` is the
+    id GCS's delete of the same object will have (derived from type, bucket, key and
+    generation: predictable). The stream emits both (its dedupe is per provider); the
+    consumer's store must not take the real delete for a copy of the B2 event."""
+    topic, group = unique("events"), unique("group")
+    name = f"{unique('docs')}/contract.pdf"
+    resource = gcs_resource(name, "1700000000000001", bucket="uploads")
+    created = delivered(*gcs_pull(resource, "OBJECT_FINALIZE"))
+    deleted = delivered(*gcs_pull(resource, "OBJECT_DELETE"))
+    attack = delivered(b2_body(name, deleted.id), [("source", b"b2")])
+    assert (attack.provider, attack.id) == ("b2", deleted.id) and deleted.provider == "gcs"
+    handled: list[tuple[str, str, str]] = []
+
+    async def scenario() -> FileEvents:
+        await create_topics(kafka_bootstrap, (topic, 1), (f"{topic}.dead-letter", 1))
+        # In the order the stream emits them: one key, one partition.
+        await produce_events(kafka_bootstrap, topic, [created, attack, deleted])
+        async with store_factory() as store:
+            consumer = FileEvents(
+                bootstrap_servers=kafka_bootstrap,
+                topic=topic,
+                group_id=group,
+                dedupe=store,
+                on_error=lambda failure: None,
+                handle_signals=False,
+            )
+
+            @consumer.on("*")
+            async def sync(item: FileEvent) -> None:
+                handled.append((item.provider, item.type, item.id))
+
+            await run_until(
+                consumer, lambda: sum(consumer.outcomes.values()) == 3, "the three events"
+            )
+        return consumer
+
+    events = asyncio.run(scenario())
+    assert handled == [
+        ("gcs", "created", created.id),
+        ("b2", "created", deleted.id),
+        ("gcs", "deleted", deleted.id),  # the real delete: not a duplicate of the B2 event
+    ]
+    assert events.outcomes == {Outcome.HANDLED.value: 3}
+
+
+@pytest.mark.kafka
+def test_ids_recorded_before_scopes_are_read_within_the_upgrade_window(
+    kafka_bootstrap: str, store_factory: StoreFactory
+) -> None:
+    """A store written by the previous version holds `<group>:<id>`. Within the window an
+    event of that id is still a duplicate, recorded under its scoped id only; with the window
+    closed (`dedupe_legacy_window=timedelta(0)`) the old entry is not read."""
+    topic, group = unique("events"), unique("group")
+    before, after = event("notes/before.md", 1), event("notes/after.md", 2)
+    runs: list[str] = []
+
+    def consumer(store: DedupeStore, window: timedelta | None) -> FileEvents:
+        events = FileEvents(
+            bootstrap_servers=kafka_bootstrap,
+            topic=topic,
+            group_id=group,
+            dedupe=store,
+            dedupe_legacy_window=window,
+            on_error=lambda failure: None,
+            handle_signals=False,
+        )
+
+        @events.on("*")
+        async def handle(item: FileEvent) -> None:
+            runs.append(item.id)
+
+        return events
+
+    async def scenario() -> tuple[FileEvents, FileEvents, list[bool]]:
+        await create_topics(kafka_bootstrap, (topic, 1), (f"{topic}.dead-letter", 1))
+        await produce_events(kafka_bootstrap, topic, [before, after])
+        async with store_factory() as store:
+            # As the previous version recorded `before` once it handled it.
+            await store.add(f"{group}:{before.id}", timedelta(minutes=5))
+            assert legacy_dedupe_id(group, before) == f"{group}:{before.id}"
+            upgraded = consumer(store, None)
+            await run_until(upgraded, lambda: sum(upgraded.outcomes.values()) == 2, "both")
+            recorded = [
+                await store.has(dedupe_id(group, before)),
+                await store.has(dedupe_id(group, after)),
+                await store.has(legacy_dedupe_id(group, after)),  # the old form: never written
+            ]
+            await reset_offsets(kafka_bootstrap, group, topic)
+            closed = consumer(store, timedelta(0))
+            await store.add(f"{group}:{after.id}", timedelta(minutes=5))
+            await run_until(closed, lambda: sum(closed.outcomes.values()) == 2, "both again")
+        return upgraded, closed, recorded
+
+    upgraded, closed, recorded = asyncio.run(scenario())
+    assert dedupe_id(group, before) == f"{group}|s3|{before.id}"
+    assert upgraded.outcomes == {Outcome.DUPLICATE.value: 1, Outcome.HANDLED.value: 1}
+    assert recorded == [False, True, False]
+    # Window closed: `before` (only under its old key) runs; `after` is a duplicate by its
+    # scoped id, and its old-form entry changes nothing.
+    assert closed.outcomes == {Outcome.HANDLED.value: 1, Outcome.DUPLICATE.value: 1}
+    assert runs == [after.id, before.id]
