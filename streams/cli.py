@@ -36,7 +36,10 @@ FILTER_REASONS = {
     "instance": "a reconcile delivery found by another instance's run",
     "bucket": "the instance takes another bucket",
     "prefix": "the key is not under the instance's prefix",
-    "prefix-escape": "the key's dot segments climb out of the instance's prefix",
+    "prefix-escape": (
+        "the key climbs out of the instance's prefix (dot segments, or a root of its own"
+        " after it: `/`, `\\`, a drive)"
+    ),
 }
 TAIL_HEADER_PREFIXES = ("ce_", "content-type", "stale.", "error")
 """Headers `tail --headers` shows: CloudEvents (with their `content-type`), a stale record's

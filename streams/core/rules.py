@@ -22,10 +22,17 @@ The checks, in order, each with its `Filtered` reason:
   reading a consumer or SDK might apply (as is; `\` as a separator; percent-decoded, as often
   as decoding changes it; each of these combined), addresses something outside the prefix:
   `tenant-a/../tenant-b/x`, `tenant-a/..%2Ftenant-b/x`, `tenant-a/%2e%2e/tenant-b/x`,
-  `tenant-a/x\..\..\tenant-b\y`, `tenant-a/.`. Such an event is not the instance's: dropped
-  and counted. Dot segments that stay inside (`tenant-a/x/../y`, `tenant-a/./y`) are kept
-  verbatim, and so is every key for an instance without a prefix: there is no root to climb
-  out of, and the key is a real key of the bucket.
+  `tenant-a/x\..\..\tenant-b\y`, `tenant-a/.`. So does a key that, in any of those
+  readings, names a root of its own, which a join with the consumer's root keeps instead of
+  it (`os.path.join`, `pathlib`, `ntpath`): it starts with `/` (`tenant-a//etc/cron.d/x` is
+  `/etc/cron.d/x` to the instance), or `\` (the current drive's root on Windows, and a UNC
+  path `\\server\share`), or names a drive (`C:`, `C:\x`, `c:/x`: an ASCII letter and a
+  colon). Such an event is not the instance's: dropped and counted, absolute keys under the
+  same reason as dot segments (one escape from the prefix, one alert). Dot segments that stay
+  inside (`tenant-a/x/../y`, `tenant-a/./y`), and `/`, `\` or `C:` further in
+  (`tenant-a/x//y`, `tenant-a/x/C:y`), are kept verbatim, and so is every key for an
+  instance without a prefix: there is no root to climb out of, and the key is a real key of
+  the bucket.
 * Plugins translate what the instance's writer stores:
   `versioning` (`.versions`) and `softDelete` (`.trash`): their internal prefixes dropped;
   `dedup` (`.dedup`): its blob store dropped, and size/etag cleared on empty or unsized
@@ -79,15 +86,33 @@ def _leaves_root(path: str) -> bool:
     return depth == 0
 
 
+DRIVE_LETTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+
+
+def names_a_root(path: str) -> bool:
+    """True when `path` names a root of its own, which a join keeps instead of the root it is
+    joined to: it starts with `/` or `\\` (a POSIX root, the current drive's root, a UNC
+    path), or with a drive (`C:`)."""
+    first = path[:1]
+    return first in ("/", "\\") or (path[1:2] == ":" and first in DRIVE_LETTERS)
+
+
 def escapes_root(relative: str) -> bool:
     """True when a consumer resolving `relative` under its root could leave that root (the
     readings are in the module docstring)."""
+    if names_a_root(relative):
+        return True
     if "." not in relative and "%" not in relative:
-        # No reading has a dot segment (the common case): only separators alone end on the root.
-        return not relative.strip("/\\")
+        # No other reading, and no dot segment (the common case): only nothing ends on the
+        # root (separators alone start with one).
+        return not relative
     reading = relative
     while True:
-        if _leaves_root(reading) or ("\\" in reading and _leaves_root(reading.replace("\\", "/"))):
+        if (
+            names_a_root(reading)
+            or _leaves_root(reading)
+            or ("\\" in reading and _leaves_root(reading.replace("\\", "/")))
+        ):
             return True
         if "%" not in reading:
             return False

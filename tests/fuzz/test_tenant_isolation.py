@@ -9,15 +9,17 @@ another tenant. The oracle below is written independently of `under_prefix`: pat
 Dot segments: an instance with a prefix hands its consumers the key relative to it, and they
 join it to a root of theirs. A key that, read the way a consumer or SDK might read it (as is,
 `\\` as a separator, percent-decoded until decoding changes nothing), resolves above that
-root at some point, or to the root itself, is not the instance's (`prefix-escape`). The
-oracle resolves each reading with `posixpath.normpath` under a root, prefix by prefix, rather
-than counting segments as streams.core.rules does.
+root at some point, or to the root itself, or names a root of its own (`/`, `\\`, a drive),
+is not the instance's (`prefix-escape`). The oracle joins each reading to a root with
+`posixpath.join` and resolves it with `posixpath.normpath`, prefix by prefix, rather than
+counting segments as streams.core.rules does.
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
+import re
 import urllib.parse
 from datetime import UTC, datetime
 
@@ -73,13 +75,17 @@ def readings(relative: str) -> list[str]:
 
 
 def resolves_outside(reading: str) -> bool:
-    """Whether joining `reading` to ROOT leaves ROOT on the way, or ends on ROOT itself."""
+    """Whether joining `reading` to ROOT leaves ROOT on the way, or ends on ROOT itself: a
+    reading naming a drive (Windows) or a root of its own (`join` keeps an absolute path)
+    replaces ROOT."""
+    if re.match(r"[A-Za-z]:", reading):
+        return True
     parts = reading.split("/")
     for end in range(1, len(parts) + 1):
-        here = posixpath.normpath(ROOT + "/" + "/".join(parts[:end]))
+        here = posixpath.normpath(posixpath.join(ROOT, "/".join(parts[:end])))
         if here != ROOT and not here.startswith(ROOT + "/"):
             return True
-    return posixpath.normpath(ROOT + "/" + reading) == ROOT
+    return posixpath.normpath(posixpath.join(ROOT, reading)) == ROOT
 
 
 def oracle(key: str, bucket: str | None, instance: InstanceConfig) -> str | None:
@@ -155,7 +161,15 @@ LOOK_ALIKES = {
     "tenant-a\u200b/x": {},
     "tenant-\u0430/x": {},
     "TENANT-A/x": {},
-    "tenant-a//x": {"a": "/x"},
+    # a root of its own after the prefix: a join keeps it instead of the consumer's root
+    "tenant-a//x": {},
+    "tenant-a/\\x": {},
+    "tenant-a/C:x": {},
+    "tenant-a/c:\\x": {},
+    "tenant-a/\\\\server\\share\\x": {},
+    "tenant-a/%2Fx": {},
+    "tenant-a/x//y": {"a": "x//y"},
+    "tenant-a/x/C:y": {"a": "x/C:y"},
     # dot segments that climb out of the prefix, in the readings a consumer might apply
     "tenant-a/../tenant-ab/x": {},
     "tenant-a/x/../../tenant-ab/x": {},

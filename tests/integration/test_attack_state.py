@@ -276,6 +276,36 @@ def test_keys_climbing_out_of_the_prefix_reach_no_tenant(stream: Stream) -> None
     )
 
 
+def test_absolute_keys_after_the_prefix_reach_no_tenant(stream: Stream) -> None:
+    """Issue 31, item 2: through MinIO's route, `tenant-a//etc/cron.d/pwn` was emitted to
+    tenant-a as `/etc/cron.d/pwn`, which a consumer joining keys to its root writes at the
+    root of the file system; `\\`, a drive and a UNC path likewise on Windows."""
+    name = tag()
+    absolute = [
+        f"tenant-a//etc/cron.d/{name}",
+        f"tenant-a/\\Windows\\{name}",
+        f"tenant-a/C:{name}",
+        f"tenant-a/\\\\server\\share\\{name}",
+    ]
+    deliveries = [
+        raw(minio_body(urllib.parse.quote_plus(key), f"17C0DE{i:010X}"), "minio")
+        for i, key in enumerate(absolute)
+    ]
+    assert [e.key for d in deliveries for e in events_of(*d)] == absolute  # MinIO decodes them
+    before = stream.worker.metric(
+        "storage_events_filtered_total", instance="tenant-a", reason="prefix-escape"
+    )
+    control = raw(minio_body(f"tenant-a/{name}/kept", "17C0DEFFFFFFFFFF"), "minio")
+    stream.send([*deliveries, control], raw_key=name)
+
+    stream.wait_for_event("tenant-a", f"{name}/kept", only_id(control))
+    assert [e["key"] for e in stream.events("tenant-a", name)] == [f"{name}/kept"]
+    assert stream.events("tenant-b", name) == []
+    stream.worker.wait_metric(
+        "storage_events_filtered_total", before + 4, instance="tenant-a", reason="prefix-escape"
+    )
+
+
 # --- upgrade: state written with the keys of before scopes --------------------------------------
 
 

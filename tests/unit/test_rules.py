@@ -4,6 +4,7 @@ them."""
 from __future__ import annotations
 
 import posixpath
+import re
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
@@ -362,7 +363,51 @@ def test_dot_segments_that_stay_inside_are_kept_verbatim(key: str, relative: str
         assert kept(result).key == relative
 
 
-@given(relative=st.text(alphabet="ab./\\%2eEF5Cc", max_size=16))
+# --- absolute keys after the prefix (issue 31, item 2) ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "tenant-a//etc/cron.d/pwn",  # POSIX root: a join with the consumer's root drops it
+        "tenant-a/\\Windows\\pwn",  # the root of the current drive on Windows
+        "tenant-a/C:pwn",  # a drive, relative to its current directory
+        "tenant-a/c:/Windows/pwn",
+        "tenant-a/Z:\\pwn",
+        "tenant-a/\\\\server\\share\\pwn",  # UNC
+        "tenant-a/\\\\?\\C:\\pwn",  # a Win32 device path
+        "tenant-a///server/share/pwn",
+        "tenant-a/%2Fetc/cron.d/pwn",  # each reading, as for dot segments: percent-decoded
+        "tenant-a/%5CWindows%5Cpwn",
+        "tenant-a/C%3Apwn",
+        "tenant-a/%252Fetc/pwn",
+    ],
+)
+def test_an_absolute_key_after_the_prefix_is_dropped_as_prefix_escape(key: str) -> None:
+    result = apply_instance(event(key), instance(bucket="uploads", prefix="tenant-a"))
+    assert result == Filtered("prefix-escape")
+    # Without a prefix there is no root to leave: the key is the bucket's, verbatim.
+    assert kept(apply_instance(event(key), instance(bucket="uploads"))).key == key
+
+
+@pytest.mark.parametrize(
+    ("key", "relative"),
+    [
+        ("tenant-a/x//etc/pwn", "x//etc/pwn"),  # not leading: inside the root
+        ("tenant-a/x\\Windows", "x\\Windows"),
+        ("tenant-a/x/C:pwn", "x/C:pwn"),
+        ("tenant-a/ab:c", "ab:c"),  # no drive: one letter only
+        ("tenant-a/1:x", "1:x"),
+        ("tenant-a/\u00e9:x", "\u00e9:x"),  # drive letters are ASCII
+        ("tenant-a/C", "C"),
+        ("tenant-a/100%25.txt", "100%25.txt"),
+    ],
+)
+def test_keys_naming_no_root_of_their_own_are_kept(key: str, relative: str) -> None:
+    assert kept(apply_instance(event(key), instance(prefix="tenant-a"))).key == relative
+
+
+@given(relative=st.text(alphabet="ab./\\%2eEF5Cc:3A", max_size=16))
 def test_escapes_root_agrees_with_normpath_on_every_reading(relative: str) -> None:
     readings = [relative]
     while (decoded := unquote(readings[-1])) != readings[-1]:
@@ -370,11 +415,15 @@ def test_escapes_root_agrees_with_normpath_on_every_reading(relative: str) -> No
     readings += [reading.replace("\\", "/") for reading in readings]
 
     def outside(reading: str) -> bool:
+        # Joined as a consumer joins it: a drive (Windows) or a root of its own (`join`
+        # keeps an absolute path) replaces the consumer's root.
+        if re.match(r"[A-Za-z]:", reading):
+            return True
         parts = reading.split("/")
         for end in range(1, len(parts) + 1):
-            here = posixpath.normpath("/root/" + "/".join(parts[:end]))
+            here = posixpath.normpath(posixpath.join("/root", "/".join(parts[:end])))
             if here != "/root" and not here.startswith("/root/"):
                 return True
-        return posixpath.normpath("/root/" + reading) == "/root"
+        return posixpath.normpath(posixpath.join("/root", reading)) == "/root"
 
     assert escapes_root(relative) == any(outside(reading) for reading in readings)
