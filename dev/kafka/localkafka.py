@@ -41,6 +41,11 @@ Environment (all optional):
     LOCAL_KAFKA_PORT  client port on 127.0.0.1 (default 9092); the controller uses port + 1
     LOCAL_KAFKA_HEAP  JVM heap (default 1g: the broker is one of several processes on a
                       2-core / 24 GiB machine)
+    LOCAL_KAFKA_PROXIED  <port>:<advertised port>, plaintext only: a second client listener
+                      on <port> that advertises <advertised port>, where a test's fault proxy
+                      (tests/support/fault_proxy.py) forwards to it; clients bootstrapped on
+                      the advertised port reach the broker only through the proxy, while the
+                      broker's own traffic (transaction markers) stays on LOCAL_KAFKA_PORT
 """
 
 from __future__ import annotations
@@ -233,19 +238,41 @@ def fetch(layout: Layout) -> Path:
     return layout.libs
 
 
+def proxied_listener(layout: Layout) -> tuple[str, str, str]:
+    """The LOCAL_KAFKA_PROXIED listener's entries for `listeners`, `advertised.listeners` and
+    the protocol map (each with a leading comma), or three empty strings without it."""
+    spec = os.environ.get("LOCAL_KAFKA_PROXIED", "")
+    if not spec:
+        return "", "", ""
+    port, _, advertised = spec.partition(":")
+    if not (port.isdigit() and advertised.isdigit()) or layout.security != "plaintext":
+        raise LocalKafkaError(
+            f"LOCAL_KAFKA_PROXIED must be <port>:<advertised port> on a plaintext broker, "
+            f"got {spec!r} ({layout.security})"
+        )
+    return (
+        f",PROXIED://{HOST}:{port}",
+        f",PROXIED://{HOST}:{advertised}",
+        ",PROXIED:PLAINTEXT",
+    )
+
+
 def write_properties(layout: Layout) -> None:
     controller_port = layout.port + 1
     name = layout.listener
+    proxied, proxied_advertised, proxied_protocol = proxied_listener(layout)
     layout.properties.write_text(
         "\n".join(
             [
                 "process.roles=broker,controller",
                 "node.id=1",
                 f"controller.quorum.voters=1@{HOST}:{controller_port}",
-                f"listeners={name}://{HOST}:{layout.port},CONTROLLER://{HOST}:{controller_port}",
-                f"advertised.listeners={name}://{HOST}:{layout.port}",
+                f"listeners={name}://{HOST}:{layout.port}{proxied},"
+                f"CONTROLLER://{HOST}:{controller_port}",
+                f"advertised.listeners={name}://{HOST}:{layout.port}{proxied_advertised}",
                 "controller.listener.names=CONTROLLER",
-                f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,{name}:{name}",
+                f"listener.security.protocol.map=CONTROLLER:PLAINTEXT,{name}:{name}"
+                f"{proxied_protocol}",
                 f"inter.broker.listener.name={name}",
                 *security_properties(layout),
                 f"log.dirs={layout.data}",

@@ -35,9 +35,15 @@ def free_port_pair() -> int:
 
 
 class PrivateBroker:
-    """One broker in `directory`, on a free pair of ports, with a heap of `heap`."""
+    """One broker in `directory`, on a free pair of ports, with a heap of `heap`.
 
-    def __init__(self, directory: Path, heap: str = "512m", timeout_s: float = 240) -> None:
+    `proxied`: a second listener on `proxied_port` that advertises `proxy_port`, for a fault
+    proxy listening there (tests/support/fault_proxy.py): a client bootstrapped on
+    `proxy_bootstrap` reaches the broker only through the proxy; `bootstrap` stays direct."""
+
+    def __init__(
+        self, directory: Path, heap: str = "512m", timeout_s: float = 240, proxied: bool = False
+    ) -> None:
         self.directory = directory
         self.port = free_port_pair()
         self.bootstrap = f"127.0.0.1:{self.port}"
@@ -49,6 +55,14 @@ class PrivateBroker:
             "LOCAL_KAFKA_PORT": str(self.port),
             "LOCAL_KAFKA_HEAP": heap,
         }
+        self.env.pop("LOCAL_KAFKA_PROXIED", None)
+        self.proxied_port = self.proxy_port = 0
+        if proxied:
+            while self.proxied_port in (0, self.port, self.port + 1):
+                self.proxied_port = free_port_run(2)
+            self.proxy_port = self.proxied_port + 1
+            self.env["LOCAL_KAFKA_PROXIED"] = f"{self.proxied_port}:{self.proxy_port}"
+        self.proxy_bootstrap = f"127.0.0.1:{self.proxy_port}"
 
     def run(self, *command: str, given: str | None = None) -> str:
         """`localkafka.py <command>` for this broker (`given` on its standard input, as `admin`

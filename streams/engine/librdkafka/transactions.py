@@ -9,7 +9,15 @@ away (frozen, partitioned) cannot commit for them any more, whatever its produce
 
 Commits of several partitions' parts waiting at once go into one transaction (a transaction
 costs a few round trips to the coordinator whatever it carries). A failure of it:
-* Kafka away, a timeout: aborted and tried again (the same records), with a growing pause;
+* a retriable failure of `send_offsets_to_transaction` or `commit_transaction` (a lost answer,
+  a coordinator moving): the same call again, inside the transaction still open, as
+  librdkafka documents for both;
+* Kafka away, a timeout, anything that needs an abort: aborted, and tried again (the same
+  records) with a growing pause **on a new producer** (a new epoch). An abort purges what
+  librdkafka had in flight, and may have been stored by a leader that died before answering;
+  the same producer would send the records again under the same epoch and sequences, which the
+  new leader answers as duplicates of the aborted batch: acknowledged, and never readable.
+  A new epoch starts the sequences afresh, so the retry is written;
 * records Kafka refuses: aborted; a transaction of several parts is tried again part by
   part, and a part's refused batch record by record, so that `RecordsRefused` names them
   (the caller replaces them and commits again);
@@ -97,12 +105,16 @@ class _Txn:
         self.producer = producer
         self.stuck = False
         """A call did not return in time: the producer and its thread are given up."""
-        self._calls: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         threading.Thread(target=self._serve, name=name, daemon=True).start()
 
     def _serve(self) -> None:
-        while True:
-            self._calls.get()()
+        while (call := self._calls.get()) is not None:
+            call()
+
+    def close(self) -> None:
+        """End its thread once the calls queued before are done (a retired producer)."""
+        self._calls.put(None)
 
     async def call(self, what: str, call: Callable[[float], Any], timeout_s: float) -> Any:
         """`call(timeout_s)` off the loop; KafkaException(_TIMED_OUT) if it has not returned
@@ -232,8 +244,11 @@ class MemberTransactions:
         member: str,
         group_metadata: Callable[[], Any],
         progress: Progress,
+        producer_factory: Callable[[dict[str, Any]], Producer] = Producer,
     ) -> None:
         self.kafka = KafkaSettings.of(kafka)
+        self.producer_factory = producer_factory
+        """Makes the producer from its librdkafka properties (tests wrap it to inject faults)."""
         self.transactional_id = f"{app_id}-emit-{member}"
         self.group_metadata = group_metadata
         """The emit consumer's current group metadata (generation, member id, epoch)."""
@@ -265,7 +280,7 @@ class MemberTransactions:
             log.warning("giving up the stuck transactional producer %s", self.transactional_id)
             self._stuck.append(self._txn)
             self._txn = None
-        producer = Producer(
+        producer = self.producer_factory(
             producer_config(
                 self.kafka,
                 self.transactional_id,
@@ -276,7 +291,12 @@ class MemberTransactions:
             )
         )
         txn = _Txn(producer, f"{self.transactional_id}-txn")
-        await txn.call("init_transactions", producer.init_transactions, CALL_TIMEOUT_S)
+        try:
+            await txn.call("init_transactions", producer.init_transactions, CALL_TIMEOUT_S)
+        except BaseException:
+            if not txn.stuck:
+                txn.close()
+            raise
         self._txn = txn
         return txn
 
@@ -441,23 +461,27 @@ class MemberTransactions:
                 for tp, offset in request.offsets.items()
             ]
             metadata = self.group_metadata()
-            await txn.call(
+            await self._in_transaction(
+                txn,
                 "send_offsets_to_transaction",
                 lambda timeout_s: producer.send_offsets_to_transaction(
                     offsets, metadata, timeout_s
                 ),
                 OFFSETS_TIMEOUT_S,
             )
-            await self._commit_transaction(txn)
+            await self._in_transaction(
+                txn, "commit_transaction", producer.commit_transaction, CALL_TIMEOUT_S
+            )
         except KafkaException as exc:
             error = error_of(exc)
             moved = error is not None and (error.code() in MOVED or error.fatal())
             if error is not None and error.fatal() and error.code() not in MOVED:
                 log.error("the transactional producer failed for good: %s", error)
-                self._txn = None
+                self._retire(txn)
                 raise
             refusal = None if moved else self._refusal(requests)
             await self._abort(txn)
+            self._retire(txn)  # never a retry under the aborted attempt's epoch
             if moved:
                 raise _Moved(str(error)) from exc
             if refusal is not None:
@@ -487,14 +511,23 @@ class MemberTransactions:
             return None
         return _Refusal(known, several)
 
-    async def _commit_transaction(self, txn: _Txn) -> None:
-        """Commit; a retriable failure (a timeout) is tried again: the commit may be under
-        way, so it must not be aborted."""
+    def _retire(self, txn: _Txn) -> None:
+        """Give up `txn` after an abort or a fatal error: the next attempt initialises a new
+        producer under the same transactional id (a new epoch, its sequences from 0). A stuck
+        one is kept (its thread is still inside librdkafka) and replaced as before."""
+        if self._txn is txn and not txn.stuck:
+            self._txn = None
+            txn.close()
+
+    async def _in_transaction(
+        self, txn: _Txn, what: str, call: Callable[[float], Any], timeout_s: float
+    ) -> None:
+        """`call` (`send_offsets_to_transaction`, `commit_transaction`) on the open
+        transaction; a retriable failure that needs no abort is tried again in place, as
+        librdkafka documents for both (a commit may be under way: it must not be aborted)."""
         while True:
             try:
-                await txn.call(
-                    "commit_transaction", txn.producer.commit_transaction, CALL_TIMEOUT_S
-                )
+                await txn.call(what, call, timeout_s)
                 return
             except KafkaException as exc:
                 error = error_of(exc)
@@ -523,7 +556,7 @@ class MemberTransactions:
                 # Fenced, fatal, or no transaction open (it failed before begin): a new
                 # producer re-initialises under the same id, which aborts whatever is open.
                 log.info("replacing the transactional producer (%s)", exc)
-                self._txn = None
+                self._retire(txn)
                 return
 
     async def stop(self) -> None:
@@ -532,3 +565,4 @@ class MemberTransactions:
         txn, self._txn = self._txn, None
         if txn is not None and not txn.stuck:
             await txn.call("flush", txn.producer.flush, 5.0)
+            txn.close()
