@@ -36,6 +36,18 @@ STALE = Counter(
 DEAD_LETTERED = Counter(
     "storage_events_dead_lettered", "Records sent to the dead-letter topic", ["stage"]
 )
+UNREADABLE = Counter(
+    "storage_events_unreadable_records",
+    "Records the Kafka client could not read whole (a compressed batch it cannot decompress, "
+    "a header name that is not UTF-8), dead-lettered and stepped past",
+    ["stage"],
+)
+STALLED_PARTITIONS = Gauge(
+    "storage_events_stalled_partitions",
+    "Partitions of a stage whose position has not moved for 10 s while records wait on "
+    "them, about once a second",
+    ["stage"],
+)
 EXPIRED = Counter("storage_events_dedupe_expired", "Dedupe entries removed after their TTL")
 SEND_RETRIES = Counter(
     "storage_events_send_retries",
@@ -97,7 +109,9 @@ def start_at_zero(instances: Iterable[str], written_topics: Iterable[str]) -> No
     """
     for stage in STAGES:
         DEAD_LETTERED.labels(stage)
+        UNREADABLE.labels(stage)
         STAGE_STUCK.labels(stage).set(0)
+        STALLED_PARTITIONS.labels(stage).set(0)
     for instance in instances:
         for counter in (EMITTED, DUPLICATES, STALE):
             counter.labels(instance)

@@ -10,7 +10,9 @@ A stage can also be stuck without a write to report it: Kafka away while nothing
 or records waiting (lag) that nothing handles. `StallWatch` is told, about once a second, how
 many records a stage has handled, its lag, and when Kafka last answered its consumer's fetch;
 a stage that handled nothing for `QUIET_S` while it has lag, or while Kafka answers none of its
-fetches, is in trouble since its last sign of life, so `/ready` says so `STUCK_AFTER_S` after it.
+fetches, is in trouble since its last sign of life, so `/ready` says so `STUCK_AFTER_S` after it;
+so is a stage one of whose partitions does not move while records wait on it (its consumer
+names those), though it handles the others.
 
 Stopping: once `stop()` was called, `pause` (the wait between two attempts) raises
 `Stopping`, so no retry loop outlives the worker's grace period. Whatever is awaited at that
@@ -24,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -197,10 +199,18 @@ class StallWatch:
         self._handled_at = clock()
         self._stalled = False
 
-    def sample(self, handled: float, lag: int | None, answered_at: float | None) -> None:
+    def sample(
+        self,
+        handled: float,
+        lag: int | None,
+        answered_at: float | None,
+        stalled: Sequence[str] = (),
+    ) -> None:
         """`handled`: records the stage handled so far; `lag`: records waiting on its
         partitions (None: unknown); `answered_at`: when Kafka last answered a fetch of its
-        consumer (clock time; None: not since it was assigned)."""
+        consumer (clock time; None: not since it was assigned); `stalled`: its partitions
+        whose position does not move while records wait on them, each with why (the stage
+        may handle its other partitions meanwhile)."""
         now = self._clock()
         if handled != self._handled:
             self._handled, self._handled_at = handled, now
@@ -214,6 +224,9 @@ class StallWatch:
         if quiet and lag is not None and lag > 0:
             why = f"{lag} records waiting, none handled for {now - self._handled_at:.0f} s"
             self._report("lag", why, self._handled_at)
+        elif stalled:
+            more = f" (and {len(stalled) - 3} more)" if len(stalled) > 3 else ""
+            self._report("partition", f"partition {'; '.join(stalled[:3])}{more}", now)
         elif now - alive_at >= QUIET_S:
             self._report(
                 "unanswered", f"Kafka answered no fetch for {now - alive_at:.0f} s", alive_at

@@ -53,6 +53,7 @@ from streams.core.keystate import record_forget_at
 from streams.core.records import OutRecord, RawRecord, dead_letter_record, headers_dict, parse_keyed
 from streams.engine import failpoints
 from streams.engine.batches import Batch
+from streams.engine.librdkafka.consumer import Unreadable, headers_unreadable
 from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.librdkafka.transactions import MemberTransactions, PartitionsMoved
 from streams.engine.outcomes import DeadLetters, RecordsRefused
@@ -128,22 +129,37 @@ class EmitStage:
         for tp, messages in batch.items():
             if not messages:
                 continue
-            inputs = [
-                KeyedInput(
-                    tp.topic,
-                    tp.partition,
-                    message.key(),
-                    message.value() or b"",
-                    headers_dict(message.headers()),
-                    message.offset(),
+            inputs: list[KeyedInput] = []
+            letters: list[OutRecord] = []
+            unread: set[int] = set()
+            for message in messages:
+                reason = message.describe() if isinstance(message, Unreadable) else None
+                try:
+                    headers = message.headers()
+                except Exception as exc:  # SystemError: a header name that is not UTF-8
+                    headers, reason = None, headers_unreadable(message, exc)
+                if reason is not None:
+                    letters.append(self._unreadable(message, reason))
+                    unread.add(message.offset())
+                inputs.append(
+                    KeyedInput(
+                        tp.topic,
+                        tp.partition,
+                        message.key(),
+                        message.value() or b"",
+                        headers_dict(headers),
+                        message.offset(),
+                    )
                 )
-                for message in messages
-            ]
             in_flight = self._emitting.setdefault(tp.partition, [])
             while len(in_flight) >= MAX_PARTS_IN_FLIGHT:
                 await in_flight[0].done
             pending = [part.plan for part in in_flight]
-            plan = plan_batch(inputs, self.settings, PendingState(self.store, pending), now)
+            readable = [item for item in inputs if item.offset not in unread] if unread else inputs
+            plan = plan_batch(readable, self.settings, PendingState(self.store, pending), now)
+            if letters:
+                plan.outputs.extend(letters)
+                plan.outcomes[("?", "dead_letter")] += len(letters)
             previous = in_flight[-1].done if in_flight else None
             part = _Part(plan)
             in_flight.append(part)
@@ -230,6 +246,20 @@ class EmitStage:
             # never come: stop the worker now, as a failing stage loop does.
             await self.stop_on_failure("emit", exc)
             raise
+
+    def _unreadable(self, message: Any, reason: str) -> OutRecord:
+        """The dead letter of a keyed record whose headers, or whole self, cannot be read:
+        its key and value when there are any (an Unreadable has neither), and the reason,
+        which names where it is. Its offset is committed with the part's others."""
+        metrics.UNREADABLE.labels("emit").inc()
+        log.warning("dead-lettered an unreadable record: %.500s", reason)
+        raw = RawRecord(message.topic() or "", message.value() or b"")
+        letter = dead_letter_record(
+            self.settings.stream.dead_letter_topic, raw, message.key(), reason, "emit"
+        )
+        if isinstance(message, Unreadable):
+            letter.value = None
+        return letter
 
     def _replace_refused(
         self, plan: EmitPlan, inputs: Sequence[KeyedInput], record: OutRecord, reason: str

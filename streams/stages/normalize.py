@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from streams import metrics
 from streams.config import Settings
@@ -28,8 +29,10 @@ from streams.core.records import (
 )
 from streams.core.routing import Routed, route
 from streams.engine.batches import Batch
+from streams.engine.librdkafka.consumer import Unreadable, headers_unreadable
 from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.outcomes import DeadLetters
+from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
 from streams.progress import Stopping
 
 log = logging.getLogger(__name__)
@@ -143,10 +146,19 @@ class NormalizeStage:
         for tp, messages in batch.items():
             default_source = settings.stream.default_source(tp.topic)
             for message in messages:
-                header_list = message.headers() or []
+                if isinstance(message, Unreadable):
+                    records.append(self._unreadable(message, message.describe()))
+                    continue
+                try:
+                    header_list = message.headers() or []
+                except Exception as exc:  # SystemError: a header name that is not UTF-8
+                    records.append(self._unreadable(message, headers_unreadable(message, exc)))
+                    continue
                 key = message.key()
                 raw = RawRecord(tp.topic, message.value() or b"", headers_dict(header_list))
-                if len(raw.headers) < len(header_list):
+                if len(raw.value) > RAW_MAX_MESSAGE_BYTES:
+                    routed = self._oversized(raw, key)
+                elif len(raw.headers) < len(header_list):
                     routed = self._repeated(raw, key, header_list) or route(raw, key, settings)
                 else:
                     routed = route(raw, key, settings)
@@ -174,6 +186,29 @@ class NormalizeStage:
         for (instance, reason), count in filtered.items():
             metrics.FILTERED.labels(instance, reason).inc(count)
         return records, origins
+
+    def _unreadable(self, message: Any, reason: str) -> OutRecord:
+        """The dead letter of a raw record whose headers, or whole self, cannot be read: its
+        key and value when there are any (an Unreadable has neither), and the reason, which
+        names where it is."""
+        metrics.DEAD_LETTERED.labels("normalize").inc()
+        metrics.UNREADABLE.labels("normalize").inc()
+        log.warning("dead-lettered an unreadable record: %.500s", reason)
+        raw = RawRecord(message.topic() or "", message.value() or b"")
+        letter = dead_letter_record(self.dead_letter_topic, raw, message.key(), reason, "normalize")
+        if isinstance(message, Unreadable):
+            letter.value = None
+        return letter
+
+    def _oversized(self, raw: RawRecord, key: bytes | None) -> Routed:
+        """A dead letter for a value larger than any raw record may be (a compressed record
+        batch inflates to it): not parsed. A bridge never publishes one."""
+        reason = (
+            f"a value of {len(raw.value):,} bytes is over the raw topics' limit of "
+            f"{RAW_MAX_MESSAGE_BYTES:,} bytes (max.message.bytes): not parsed"
+        )
+        letter = dead_letter_record(self.dead_letter_topic, raw, key, reason, "normalize")
+        return Routed(records=[letter], dead_letter_reason=reason)
 
     def _repeated(
         self, raw: RawRecord, key: bytes | None, headers: list[tuple[str, bytes | None]]

@@ -39,6 +39,7 @@ from streams.engine.store import StateStore
 from streams.engine.topics import (
     KEYS_TABLE,
     MARKS_TABLE,
+    RAW_MAX_MESSAGE_BYTES,
     SEEN_TABLE,
     changelog_topic,
     topology,
@@ -188,6 +189,8 @@ class Pipeline:
             ),
             group_protocol=stream.group_protocol,
             session_timeout_s=stream.session_timeout_s,
+            # The raw topics, whoever may write them: what one fetch brings in and inflates.
+            max_record_bytes=RAW_MAX_MESSAGE_BYTES if member == "normalize" else None,
         )
 
     async def _commit_normalized(self, batch: Batch) -> None:
@@ -305,11 +308,13 @@ class Pipeline:
                     "storage_events_stage_records_total", {"stage": loop.name}
                 )
                 lag, answered_at = await loop.view()
-                watch.sample(handled or 0.0, lag, answered_at)
+                watch.sample(handled or 0.0, lag, answered_at, loop.stalled)
                 if lag is not None:
                     metrics.STAGE_LAG.labels(loop.name).set(lag)
+                metrics.STALLED_PARTITIONS.labels(loop.name).set(len(loop.stalled))
             else:
                 watch.reset()
+                metrics.STALLED_PARTITIONS.labels(loop.name).set(0)
 
     def status(self) -> dict[str, dict[str, object]]:
         """Per stage: whether it has its partitions (and state), and what it is stuck on."""

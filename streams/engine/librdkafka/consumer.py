@@ -26,6 +26,14 @@ emit transaction was given up (streams.engine.librdkafka.transactions.Partitions
 rewinds every partition it owns to its committed offset (`rewind`): records fetched before
 that are dropped until each partition reads its committed offset again (the repartition topic
 is written without transactions, so its offsets are dense: the committed offset is a record).
+
+A record librdkafka cannot read (a compressed batch it cannot decompress, one that fails its
+CRC, an unknown format) is reported by `consume()` as an error message tied to the partition
+and to the batch's first offset, on every fetch, and nothing after it on that partition is
+handed over: the member steps past it (seeks one offset on) and hands the stage an
+`Unreadable` in its place, which the stage dead-letters and commits like any record. A
+partition whose position does not move while records wait on it is named by `view()`
+(`stalled`), whatever the cause.
 """
 
 from __future__ import annotations
@@ -56,6 +64,17 @@ CALL_TIMEOUT_S = 30.0
 TROUBLE_FRESH_S = 12.0
 """librdkafka reconnects at least every reconnect.backoff.max.ms (10 s), saying so each time."""
 QUIET_ERRORS = frozenset({KafkaError._PARTITION_EOF, KafkaError._TIMED_OUT})
+UNREADABLE_ERRORS = frozenset(
+    {KafkaError._BAD_COMPRESSION, KafkaError._BAD_MSG, KafkaError._NOT_IMPLEMENTED}
+)
+"""The errors librdkafka reports for a record it fetched and cannot read, tied to its offset
+(rdkafka_msgset_reader.c: decompression failed, possibly because the output would exceed
+receive.message.max.bytes; a CRC mismatch with check.crcs; an unsupported format or codec).
+It reports them on every fetch, at the compressed batch's first offset, and hands over
+nothing after them on that partition: the member steps past them (RdBatchLoop._step_past)."""
+PARTITION_STALL_S = 10.0
+"""A partition whose position has not moved for this long while records wait on it is
+reported (`RdBatchLoop.view`): the stage may handle other partitions meanwhile."""
 UNRELEASED_INSTANCE_ID = KafkaError(KafkaError.UNRELEASED_INSTANCE_ID).str()
 """librdkafka's words for the broker's UNRELEASED_INSTANCE_ID, which the text of the fatal
 error it raises for it quotes (that error's code is _FATAL; confluent-kafka does not expose
@@ -74,10 +93,13 @@ def consumer_config(
     group_instance_id: str | None,
     group_protocol: str,
     session_timeout_s: float,
+    max_record_bytes: int | None = None,
 ) -> dict[str, Any]:
     """librdkafka properties of a stage member. With `group.protocol=consumer` the session
     timeout, heartbeat and assignor are the group's (librdkafka refuses them client-side):
-    streams.engine.librdkafka.group_config sets the first two."""
+    streams.engine.librdkafka.group_config sets the first two. `max_record_bytes`: the
+    topics' max.message.bytes, which bounds what one fetch may bring in and inflate
+    (`fetch_bounds`)."""
     config: dict[str, Any] = {
         **connection,
         "client.id": client_id,
@@ -89,6 +111,8 @@ def consumer_config(
         "max.partition.fetch.bytes": 4 * 1024 * 1024,
         "group.protocol": group_protocol,
     }
+    if max_record_bytes is not None:
+        config.update(fetch_bounds(max_record_bytes))
     if group_instance_id:
         config["group.instance.id"] = group_instance_id
     if group_protocol == "classic":
@@ -98,8 +122,94 @@ def consumer_config(
     return config
 
 
+HEADROOM_BYTES = 64 * 1024
+"""Above a topic's max.message.bytes: a record batch's own framing around its largest record."""
+
+
+def fetch_bounds(max_record_bytes: int) -> dict[str, int]:
+    """librdkafka properties bounding the memory one fetch costs, from the topics' limit.
+
+    What librdkafka bounds (CONFIGURATION.md, rdkafka_msgset_reader.c, rdkafka_zstd.c):
+    `fetch.max.bytes` (per fetch) and `max.partition.fetch.bytes` (per partition) count the
+    bytes as the broker sends them, compressed; a batch larger than both still comes whole
+    (KIP-74), and a topic's max.message.bytes bounds a batch, compressed. librdkafka then
+    decompresses every batch of the response before any is handed over, and a zstd batch
+    only into a buffer of at most `receive.message.max.bytes` (it guesses twice the
+    compressed size, then grows it threefold until the output fits or would exceed that:
+    then `_BAD_COMPRESSION`, an unreadable record). So that cap is three times a whole raw
+    record, with which one always decompresses, and is what one zstd batch may inflate to
+    (it was 100 MB; 30 records of 48 MB on 300 KB of topic cost 1.4 GB). gzip, lz4 and
+    snappy are decompressed without such a cap: their ratio (about 1,000:1 at most for
+    gzip, 255:1 for lz4) bounds them. `queued.max.messages.kbytes` bounds what waits
+    decompressed in the member's queue between fetches."""
+    whole = max_record_bytes + HEADROOM_BYTES
+    return {
+        "fetch.max.bytes": whole,
+        "max.partition.fetch.bytes": whole,
+        "receive.message.max.bytes": 3 * whole + 512,  # at least fetch.max.bytes + 512
+        "queued.max.messages.kbytes": 4 * whole // 1024,
+    }
+
+
 class _ConsumerFatal(Exception):
     """librdkafka gave this consumer up for good: a new one must join."""
+
+
+class Unreadable:
+    """Stands in, in a batch, for a record librdkafka cannot read: what is known of it (its
+    partition, offset and librdkafka's error), with the calls of a confluent_kafka.Message a
+    stage makes (no key, value or headers), so that it is dead-lettered and committed in
+    offset order like any other record."""
+
+    __slots__ = ("_offset", "_partition", "_topic", "reason")
+
+    def __init__(self, topic: str, partition: int, offset: int, reason: str) -> None:
+        self._topic = topic
+        self._partition = partition
+        self._offset = offset
+        self.reason = reason
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> None:
+        return None
+
+    def value(self) -> None:
+        return None
+
+    def headers(self) -> None:
+        return None
+
+    def error(self) -> str:
+        return self.reason
+
+    def describe(self) -> str:
+        return (
+            f"the record at {self._topic}[{self._partition}]@{self._offset} cannot be read: "
+            f"{self.reason}"
+        )
+
+
+def headers_unreadable(message: Message, error: Exception) -> str:
+    """Why a record whose headers confluent-kafka cannot read is dead-lettered, and where it
+    is: `Message.headers()` raises SystemError, caused by a UnicodeDecodeError, for a header
+    name that is not UTF-8 (Kafka allows any bytes there)."""
+    cause = error.__cause__ or error.__context__
+    if isinstance(cause, UnicodeDecodeError):
+        what = f"a header name is not UTF-8 ({cause.object!r}: {cause.reason})"
+    else:
+        what = f"{type(error).__name__}: {error}"
+    return (
+        f"the headers of the record at {message.topic()}[{message.partition()}]@"
+        f"{message.offset()} cannot be read: {what}"
+    )
 
 
 def _tp(partition: RdTopicPartition) -> TopicPartition:
@@ -158,6 +268,15 @@ class RdBatchLoop:
         self._rewinding: dict[TopicPartition, int] = {}
         """Partitions rewound to this offset: records after it are dropped until it comes."""
         self._rewind_wanted = False
+        self._fetching_from: dict[TopicPartition, int] = {}
+        """Per partition, where the member last had librdkafka fetch from (its committed
+        offset when assigned, one past an unreadable record after stepping past it): an
+        unreadable batch reported at an earlier offset holds the record there."""
+        self._positions: dict[TopicPartition, tuple[int, float]] = {}
+        """Per partition: its last known position, and since when it has not moved."""
+        self.stalled: list[str] = []
+        """The partitions whose position has not moved for PARTITION_STALL_S while records
+        wait on them, as of the last `view()`: `topic[partition]: why`."""
         self._failure: BaseException | None = None
         self._stopped = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -166,7 +285,7 @@ class RdBatchLoop:
         )
         self._wake = threading.Event()
         """Set when the loop took the batch handed over, or queued a command."""
-        self._handoff: list[Message] | None = None
+        self._handoff: list[Message | Unreadable] | None = None
         self._arrived: asyncio.Event | None = None
         self.group_metadata: object = None
         """The consumer's group metadata as of its last fetch or rebalance (exactly-once v2)."""
@@ -205,9 +324,15 @@ class RdBatchLoop:
             self.fence(assigned)
         if assigned:
             try:  # waits for transactions still open on them (require_stable)
-                consumer.committed(partitions, timeout=CALL_TIMEOUT_S)
+                committed = consumer.committed(partitions, timeout=CALL_TIMEOUT_S)
             except KafkaException as exc:
                 log.warning("%s: reading committed offsets failed (%s)", self.name, exc)
+            else:
+                for partition in committed:
+                    self._fetching_from.pop(_tp(partition), None)
+                    self._positions.pop(_tp(partition), None)
+                    if partition.offset >= 0:
+                        self._fetching_from[_tp(partition)] = partition.offset
         self.group_metadata = consumer.consumer_group_metadata()
         self._call(self._assigned(assigned))
 
@@ -320,7 +445,12 @@ class RdBatchLoop:
             self.group_metadata = self.consumer.consumer_group_metadata()
             if not messages:
                 continue
-            data = [message for message in messages if self._usable(message)]
+            stepped: set[TopicPartition] = set()
+            data = [
+                usable
+                for message in messages
+                if (usable := self._usable(message, stepped)) is not None
+            ]
             if data:
                 self.answered_at = time.monotonic()
                 self._handoff = data
@@ -358,15 +488,59 @@ class RdBatchLoop:
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
 
-    def _usable(self, message: Message) -> bool:
+    def _usable(
+        self, message: Message, stepped: set[TopicPartition]
+    ) -> Message | Unreadable | None:
+        """The record to hand on for `message`: itself, an Unreadable in its place, or None
+        (an error that is no record's). `stepped`: the partitions stepped past an unreadable
+        record in this fetch (librdkafka may report one several times in one fetch)."""
         error = message.error()
         if error is None:
-            return True
+            return message
         if error.fatal() or error.code() == KafkaError._FATAL:
             raise _ConsumerFatal(error.str())
+        if error.code() in UNREADABLE_ERRORS:
+            return self._step_past(message, error, stepped)
         if error.code() not in QUIET_ERRORS:
             log.warning("%s: %s", self.name, error)
-        return False
+        return None
+
+    def _step_past(
+        self, message: Message, error: KafkaError, stepped: set[TopicPartition]
+    ) -> Unreadable | None:
+        """In the poll thread: librdkafka cannot read the record `message` names (it would
+        report it on every fetch, and hand over nothing after it): seek one past it, and an
+        Unreadable in its place. librdkafka names a compressed batch by its first offset
+        whatever offset it was fetched from: reported below where the member had it fetch
+        from, the record there is the unreadable one (of the same batch)."""
+        topic, partition, offset = message.topic(), message.partition(), message.offset()
+        if topic is None or partition is None or offset is None or offset < 0:
+            log.warning("%s: %s", self.name, error)
+            return None
+        tp = TopicPartition(topic, partition)
+        if tp in stepped or tp not in self.owned:
+            return None  # reported again in this fetch, or no longer this member's
+        stepped.add(tp)
+        fetching_from = self._fetching_from.get(tp)
+        if fetching_from is not None and offset < fetching_from:
+            offset = fetching_from
+        try:
+            self.consumer.seek(RdTopicPartition(topic, partition, offset + 1))
+        except KafkaException as exc:
+            log.warning("%s: stepping past %s[%d]@%d failed (%s)", self.name, *tp, offset, exc)
+            return None
+        self._fetching_from[tp] = offset + 1
+        reason = f"{error.name()}: {error.str()}"
+        log.warning(
+            "%s: %s[%d]@%d cannot be read (%s): dead-lettered, reading on from %d",
+            self.name,
+            topic,
+            partition,
+            offset,
+            reason,
+            offset + 1,
+        )
+        return Unreadable(topic, partition, offset, reason)
 
     def _error(self, error: KafkaError) -> None:
         if error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT):
@@ -406,6 +580,8 @@ class RdBatchLoop:
             for tp in revoked:
                 self._next.pop(tp, None)
                 self._rewinding.pop(tp, None)
+                self._fetching_from.pop(tp, None)
+                self._positions.pop(tp, None)
             self.revoked_count += 1
             if self.release is not None and revoked:
                 self.release(set(self.owned))
@@ -459,13 +635,14 @@ class RdBatchLoop:
                     continue
                 self._rewinding[tp] = partition.offset
                 self._next[tp] = partition.offset
+                self._fetching_from[tp] = partition.offset
             log.warning(
                 "%s: rewound %d partitions to their committed offsets", self.name, len(owned)
             )
         if self.resume is not None:
             self.resume()
 
-    def _batch(self, messages: list[Message]) -> Batch:
+    def _batch(self, messages: list[Message | Unreadable]) -> Batch:
         """The records of partitions still owned, not handed on before, per partition."""
         batch: Batch = {}
         places: dict[tuple[str | None, int | None], tuple[list[Any], int] | None] = {}
@@ -569,13 +746,32 @@ class RdBatchLoop:
         return now
 
     def _lag(self, owned: list[RdTopicPartition]) -> int | None:
-        """In the poll thread: high watermark minus position, over the known ones."""
+        """In the poll thread: high watermark minus position, over the known ones (before
+        the first record of a partition, librdkafka knows no position: the offset it fetches
+        from, its committed one, stands in). Notes the partitions whose position has not
+        moved for PARTITION_STALL_S while records wait on them (`stalled`)."""
         lag: int | None = None
+        now = time.monotonic()
+        stalled: list[str] = []
         for partition in self.consumer.position(owned):
+            tp = _tp(partition)
             _, high = self.consumer.get_watermark_offsets(partition, cached=True)
-            if high is None or high < 0 or partition.offset < 0:
-                continue  # nothing consumed yet: librdkafka knows no position
-            lag = (lag or 0) + max(0, high - partition.offset)
+            position = partition.offset
+            if position < 0:
+                position = self._fetching_from.get(tp, -1)
+            if high is None or high < 0 or position < 0:
+                continue  # nothing consumed yet, nothing committed: no position known
+            waiting = max(0, high - position)
+            lag = (lag or 0) + waiting
+            known = self._positions.get(tp)
+            if known is None or known[0] != position or not waiting:
+                self._positions[tp] = (position, now)
+            elif now - known[1] >= PARTITION_STALL_S:
+                stalled.append(
+                    f"{tp.topic}[{tp.partition}]: {waiting} records waiting, its position "
+                    f"{position} unmoved for {now - known[1]:.0f} s"
+                )
+        self.stalled = stalled
         return lag
 
     async def stop(self, abandon: bool = False) -> None:
