@@ -176,7 +176,7 @@ class AzureQueue:
         for message, outcome in zip(messages, outcomes, strict=True):
             if isinstance(outcome, BaseException):
                 log.warning(
-                    "the queue did not delete message %s: %s",
+                    "the queue did not delete message %r: %s",
                     message.delivery_id,
                     _describe(outcome),
                 )

@@ -29,6 +29,8 @@ from aiohttp.abc import AbstractAccessLogger
 from prometheus_client import Gauge
 from yarl import URL
 
+from streams.logs import printable
+
 BODIES_HELD = Gauge(
     "bridge_webhook_bodies_held_bytes",
     "Body bytes held against webhook.max_bodies_bytes (beyond each body's first 64 KiB)",
@@ -125,8 +127,8 @@ class RedactedAccessLogger(AbstractAccessLogger):
         self.logger.info(
             '%s "%s %s" %d %d %.3fs',
             request.remote,
-            request.method,
-            redacted_target(request.rel_url),
+            printable(request.method),
+            printable(redacted_target(request.rel_url)),
             response.status,
             response.body_length,
             time,

@@ -67,6 +67,7 @@ from typing import Any, Protocol, runtime_checkable
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from connectors.publisher import PublishFailed, RawPublisher, RecordTooLarge, raw_headers
+from streams.logs import printable
 
 log = logging.getLogger(__name__)
 
@@ -347,8 +348,8 @@ class PullBridge:
                     len(failed),
                     len(messages),
                     self.queue.name,
-                    failed[0][1],
-                    shown,
+                    printable(failed[0][1]),
+                    printable(shown),
                     f" and {len(failed) - 5} more" if len(failed) > 5 else "",
                 )
             else:
@@ -405,7 +406,7 @@ class PullBridge:
             return str(exc)
         except Exception as exc:
             PUBLISH_FAILURES.labels(**self._labels).inc()
-            log.exception("publishing message %s failed", message.delivery_id)
+            log.exception("publishing message %r failed", message.delivery_id)
             return repr(exc)
         PUBLISHED.labels(**self._labels).inc()
         PUBLISH_SECONDS.labels(**self._labels).observe(time.monotonic() - received)
@@ -430,7 +431,7 @@ class PullBridge:
             return f"{reason}; its dead letter was not written either: {exc}"
         DEAD_LETTERED.labels(**self._labels).inc()
         log.error(
-            "message %s from %s (%d bytes) is too large for the raw topic %s: written to the "
+            "message %r from %s (%d bytes) is too large for the raw topic %s: written to the "
             "dead-letter topic (%s)",
             message.delivery_id,
             self.queue.name,

@@ -48,6 +48,7 @@ from connectors.command import raw_topic as command_raw_topic
 from connectors.publisher import RawPublisher
 from connectors.pull import FatalQueueError, PullBridge, Pulled, QueueError, serve
 from streams.config import Settings
+from streams.logs import printable
 
 log = logging.getLogger(__name__)
 
@@ -208,10 +209,10 @@ class SqsQueue:
             for failure in response.get("Failed", []):
                 message = chunk[int(failure["Id"])]
                 log.warning(
-                    "SQS did not delete message %s: %s %s",
+                    "SQS did not delete message %r: %s %s",
                     message.delivery_id,
-                    failure.get("Code"),
-                    failure.get("Message", ""),
+                    printable(str(failure.get("Code"))),
+                    printable(str(failure.get("Message", ""))),
                 )
                 left.append(message)
         return left

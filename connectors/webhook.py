@@ -210,6 +210,7 @@ from connectors.webhook_auth.base import PUBLISH, REJECT, ChecksBeforeBody, Verd
 from streams.config import ConfigError, Settings, WebhookConfig, WebhookRouteConfig
 from streams.core.normalizers import HEADERS_READ, SOURCES
 from streams.kafka_settings import KafkaAccessError, check_access
+from streams.logs import printable
 
 # Reconcile deliveries come from our own command, which publishes to Kafka directly.
 PUSH_SOURCES = tuple(source for source in SOURCES if source != "reconcile")
@@ -405,7 +406,7 @@ def _unsupported_encoding(source: str, codings: list[str]) -> web.Response:
     log.info(
         "refused delivery to /hooks/%s (415 encoded-body): Content-Encoding %s",
         source,
-        ", ".join(codings)[:MAX_DETAIL_CHARS],
+        printable(", ".join(codings))[:MAX_DETAIL_CHARS],
     )
     return web.Response(
         status=415,
@@ -421,7 +422,7 @@ def _refused(source: str, verdict: Verdict) -> web.Response:
         source,
         verdict.status,
         verdict.reason,
-        verdict.detail[:MAX_DETAIL_CHARS],
+        printable(verdict.detail)[:MAX_DETAIL_CHARS],
     )
     text = "unauthenticated\n" if verdict.status == 401 else f"{verdict.reason}\n"
     return web.Response(status=verdict.status, text=text)
@@ -499,7 +500,7 @@ async def receive(request: web.Request) -> web.StreamResponse:
                 "answered %s handshake on /hooks/%s %s",
                 verdict.reason,
                 source,
-                verdict.detail[:MAX_DETAIL_CHARS],
+                printable(verdict.detail)[:MAX_DETAIL_CHARS],
             )
             content_type = verdict.content_type if verdict.body else None
             return web.Response(

@@ -16,6 +16,11 @@ the other lines, and on the worker's `/ready` and the bridges' `/healthz`.
 `install_kafka_log_filter()` puts one filter on every logger of the Kafka client libraries
 (a logger's filters see the records logged on it, whatever handlers the process configured:
 Faust's for the worker, `logging.basicConfig` for the bridges).
+
+Input in a log line (a header value, an object key, a reason quoting them) goes through
+`printable` (or `%r`): a line break, a carriage return or an escape code in it is written as
+`\\n`, `\\r`, `\\x1b`, so that whoever writes the input can neither end the worker's or a
+bridge's log line nor forge the next one in its format (issue 31).
 """
 
 from __future__ import annotations
@@ -119,6 +124,20 @@ def install_kafka_log_filter(
         logger.addFilter(installed)
     assert installed is not None
     return installed
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable escaped as Python writes it: line
+    breaks (`\\n`, `\\r`, U+2028, U+0085, ...), tabs, escape codes (`\\x1b`), lone surrogates,
+    format characters. Printable text, backslashes and non-ASCII letters included, is kept as
+    it is, so a reason or a key reads the same unless it holds such a character; the result
+    is one line, whatever `text` is."""
+    if text.isprintable():
+        return text
+    return "".join(
+        char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+        for char in text
+    )
 
 
 ESCAPE_CODE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

@@ -227,7 +227,7 @@ async def publish_all(
         try:
             await publisher.publish(drift.value(), headers)
         except PublishFailed as exc:
-            log.warning("%s %s not acknowledged: %s", drift.type, drift.key, exc)
+            log.warning("%s %r not acknowledged: %s", drift.type, drift.key, exc)
             return
         finally:
             slots.release()

@@ -533,7 +533,7 @@ class SnsMessages:
         if kind == NOTIFICATION:
             return publish()
         if kind == UNSUBSCRIBE:
-            log.warning("SNS unsubscribed this endpoint from %s", message["TopicArn"])
+            log.warning("SNS unsubscribed this endpoint from %r", message["TopicArn"])
             return respond("unsubscribe-confirmation", 200, {"ok": True})
         return await self._confirm(message)
 
@@ -605,7 +605,7 @@ class SnsMessages:
     async def _confirm(self, message: Mapping[str, Any]) -> Verdict:
         topic, url = message["TopicArn"], message.get("SubscribeURL")
         if not self.confirm_subscriptions:
-            log.warning("SNS subscription to %s awaits confirmation: GET %s", topic, url)
+            log.warning("SNS subscription to %r awaits confirmation: GET %r", topic, url)
             return respond("subscription-confirmation", 200, {"confirmed": False})
         try:
             result = await self.http_get(str(url))
@@ -613,5 +613,5 @@ class SnsMessages:
             return reject("confirmation-failed", f"GET SubscribeURL: {exc!r}", 503)
         if not 200 <= result.status < 300:
             return reject("confirmation-failed", f"GET SubscribeURL: HTTP {result.status}", 503)
-        log.info("SNS subscription to %s confirmed", topic)
+        log.info("SNS subscription to %r confirmed", topic)
         return respond("subscription-confirmation", 200, {"confirmed": True})

@@ -20,11 +20,18 @@ a bound on every credential that may write the topic:
 * the events of one delivery: at most what its provider sends in one
   (`StreamConfig.events_bound`), else the whole delivery is dead-lettered, nothing of it
   published.
+
+The dead-letter reason quotes input (the `source` header, fields of the body, a normalizer's
+message about them), and the normalize stage logs it: it is made one printable line where it
+is built (streams.logs `printable`: a line break is `\\n`), in the log and in the dead
+letter's `error` header alike, so that a header such as `s3\\n[2026-12-07 ...] [CRITICAL] ...`
+cannot forge a line of the worker's log (issue 31).
 """
 
 from __future__ import annotations
 
 import logging
+import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -41,6 +48,7 @@ from streams.core.records import (
 )
 from streams.core.rules import Filtered, apply_instance
 from streams.engine.topics import EVENT_MAX_MESSAGE_BYTES
+from streams.logs import printable
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +91,14 @@ def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
     except MalformedDelivery as malformed:
         reason = f"{delivery.source[:64] or '?'}: {malformed}"
     except Exception as bug:  # a normalizer bug must not stop the stream on one delivery
-        log.exception("normalizer %s failed on a delivery", delivery.source[:64])
         reason = f"{delivery.source[:64]}: internal error {type(bug).__name__}: {bug}"
+        # The frames are the product's code; the message may quote the delivery: escaped.
+        log.error(
+            "normalizer %r failed on a delivery: %s\nTraceback (most recent call last):\n%s",
+            delivery.source[:64],
+            printable(reason),
+            "".join(traceback.format_tb(bug.__traceback__)).rstrip(),
+        )
     if reason is None:
         try:
             _fan_out(routed, events, record.headers.get("received-at"), settings, topic, only)
@@ -95,6 +109,7 @@ def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
             routed = Routed()
             reason = f"{delivery.source}: cannot serialise its event: {unserialisable}"
     if reason is not None:
+        reason = printable(reason)  # one line, in the log and in the `error` header
         routed.dead_letter_reason = reason
         routed.records.append(
             dead_letter_record(settings.stream.dead_letter_topic, record, key, reason, "normalize")

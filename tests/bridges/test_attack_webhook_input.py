@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import time
 import zlib
 from dataclasses import dataclass
@@ -473,3 +474,44 @@ def test_concurrent_requests_against_a_slow_key_set_share_one_fetch(kafka_bootst
     assert got["after"] == 202
     assert server.requests == 1
     assert [record.value for record in asyncio.run(read_topic(kafka_bootstrap, topic))] == [body]
+
+
+# ------------------------------------------ issue 31, item 3: input never forges a log line
+
+
+def test_a_header_forging_a_log_line_is_logged_escaped(
+    kafka_bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A `Content-Encoding` that holds a line separator HTTP lets through (U+2028, U+0085: the
+    head is UTF-8) and then a line in the bridge's log format: refused 415, and the refusal's
+    log line carries it escaped, so no line of the log (split as `str.splitlines`, as many
+    log readers do) starts with the forged text (the bridge logs the codings lower-cased and
+    split at commas: the forged line has neither)."""
+    topic = unique_topic("forged-log")
+    forged = "[2026-12-07 03:00:00.000] [1] [critical] forged ok"
+    webhook = {"routes": {"b2": {"secret_env": "SECRET"}}}
+    b2_body = b'{"events":[{"eventId":"log-1","eventType":"b2:ObjectCreated"}]}'
+    signed = [("X-Bz-Event-Notification-Signature", b2_signature(SECRET, b2_body))]
+    separators = ["\u2028", "\x85", "\u2029", "\x0b", "\x1c"]
+
+    async def attack() -> list[int]:
+        async with bridge(kafka_bootstrap, topic, webhook, {"SECRET": SECRET}) as running:
+            return [
+                await send(
+                    running.port,
+                    "/hooks/b2",
+                    [*signed, ("Content-Encoding", f"gzip{separator}{forged}")],
+                    b2_body,
+                )
+                for separator in separators
+            ]
+
+    with caplog.at_level(logging.INFO):
+        statuses = asyncio.run(attack())
+    assert set(statuses) <= {400, 415} and 415 in statuses, statuses
+    refusals = [r.getMessage() for r in caplog.records if "415 encoded-body" in r.getMessage()]
+    assert len(refusals) == statuses.count(415)
+    lines = [line for record in caplog.records for line in record.getMessage().splitlines()]
+    assert not [line for line in lines if line.startswith(forged)], lines
+    assert all(forged in message and message.isprintable() for message in refusals), refusals
+    assert asyncio.run(read_topic(kafka_bootstrap, topic)) == []

@@ -143,3 +143,43 @@ def test_a_raw_record_repeating_a_header_a_decision_reads_is_dead_lettered(
     ]
     output = asyncio.run(read_topic(kafka_bootstrap, names.output("default"), timeout_s=3))
     assert not any(file_id in (record.value or b"").decode() for record in output)
+
+
+def test_a_source_header_forging_a_log_line_stays_on_the_dead_letter_line(
+    worker: Worker, kafka_bootstrap: str
+) -> None:
+    """Issue 31, item 3: a `source` header holding a line break and then a line in the
+    worker's own format. It is dead-lettered (no such source); the log line that says so
+    carries it escaped, so no line of the worker's log starts with the forged text."""
+    names: Topology = worker.names  # type: ignore[attr-defined]
+    tag = uuid.uuid4().hex[:10]
+    forged = f"[2026-12-07 03:00:00,000] [1] [CRITICAL] FORGED-{tag} ok"
+    body = s3_body(s3_record(f"k/{tag}.txt", "0055AED6DCD90281E5"))
+    hostile = [
+        (body, [("source", f"s3\n{forged}".encode())]),
+        (body, [("source", f"s3\r{forged}".encode())]),
+        (body, [("source", f"s3\u2028{forged}".encode())]),
+    ]
+    lettered = worker.metric("storage_events_dead_lettered_total", stage="normalize")
+    asyncio.run(produce(kafka_bootstrap, names.raw, hostile))
+    worker.wait_metric("storage_events_dead_lettered_total", lettered + 3, stage="normalize")
+
+    def logged() -> list[str]:
+        # Every way a log reader splits lines: \n, \r and the Unicode line separators.
+        text = worker.log_path.read_text(errors="replace")
+        found = [line for line in text.splitlines() if tag in line]
+        return found if len(found) >= 3 else []
+
+    lines = wait_for(logged, 30, "the dead-letter lines in the worker's log")
+    assert not [line for line in lines if line.lstrip().startswith(forged)], lines
+    assert all("dead-lettered a delivery from" in line for line in lines), lines
+    assert any(f"s3\\n{forged}" in line for line in lines), lines
+
+    def letters() -> list[Read]:
+        found = asyncio.run(read_topic(kafka_bootstrap, names.dead_letter))
+        return [record for record in found if tag.encode() in record.headers.get("error", b"")]
+
+    # The reason written with the dead letter is the same text: one line, escaped.
+    for letter in wait_for(lambda: len(found := letters()) == 3 and found, 30, "the letters"):
+        assert f"FORGED-{tag}".encode() in letter.headers["error"]
+        assert not set(letter.headers["error"].decode().splitlines()[1:]), letter.headers["error"]

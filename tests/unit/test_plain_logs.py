@@ -5,7 +5,9 @@ from __future__ import annotations
 import io
 import logging
 
-from streams.logs import plain_unless_terminal
+import pytest
+
+from streams.logs import plain_unless_terminal, printable
 
 
 class Coloured(logging.Formatter):
@@ -62,3 +64,23 @@ def test_the_admin_clients_write_no_raw_librdkafka_lines(tmp_path: object) -> No
     assert result.returncode == 0, result.stderr
     raw = [line for line in result.stderr.splitlines() if line.startswith("%")]
     assert not raw, raw
+
+
+@pytest.mark.parametrize(
+    ("text", "logged"),
+    [
+        (
+            "s3\n[2026-12-07 03:00:00,000] [1] [CRITICAL] x",
+            "s3\\n[2026-12-07 03:00:00,000] [1] [CRITICAL] x",
+        ),
+        ("a\rb\r\nc", "a\\rb\\r\\nc"),
+        ("a\u2028b\u2029c\x85d\x0be\x0cf\x1cg", "a\\u2028b\\u2029c\\x85d\\x0be\\x0cf\\x1cg"),
+        ("\x1b[31mred\x1b[0m\t", "\\x1b[31mred\\x1b[0m\\t"),
+        ("\ud800", "\\ud800"),
+        ("tenant-a/x\\..\\y été 日本", "tenant-a/x\\..\\y été 日本"),  # printable: as it is
+        ("", ""),
+    ],
+)
+def test_printable_leaves_one_line_of_printable_text(text: str, logged: str) -> None:
+    assert printable(text) == logged
+    assert printable(text).splitlines() in ([printable(text)], [])

@@ -12,6 +12,7 @@ import pytest
 
 from streams.config import Settings
 from streams.core.event import FileEvent
+from streams.core.normalizers import SOURCES
 from streams.core.records import OutRecord, RawRecord, parse_keyed
 from streams.core.routing import route
 
@@ -187,6 +188,29 @@ def test_an_empty_source_header_without_a_default_is_a_dead_letter() -> None:
 def test_an_unknown_source_is_one_dead_letter() -> None:
     record = raw(s3_body(s3_record("x")), source=b"dropbox")
     assert_dead_letter(record, b"k", "unknown source 'dropbox'", "dropbox: ")
+
+
+@pytest.mark.parametrize("separator", ["\n", "\r", "\r\n", "\u2028", "\x85", "\x1b[2K\r"])
+def test_a_dead_letter_reason_quoting_input_is_one_printable_line(separator: str) -> None:
+    """Issue 31, item 3: the normalize stage logs the reason, so the input it quotes must
+    not end the line (a `source` header forging a line of the worker's log)."""
+    forged = "[2026-12-07 03:00:00,000] [1] [CRITICAL] FORGED ok"
+    record = raw(s3_body(s3_record("x")), source=f"s3{separator}{forged}".encode())
+    routed = route(record, b"k", SETTINGS)
+    reason = routed.dead_letter_reason
+    assert reason is not None and reason.isprintable(), reason
+    assert reason.splitlines() == [reason]
+    escaped = separator.encode("unicode_escape").decode()
+    assert reason.startswith(f"s3{escaped}{forged}: unknown source"), reason
+    [letter] = routed.records
+    assert dict(letter.headers)["error"] == reason.encode()
+
+
+def test_a_reason_without_unprintable_characters_is_kept_as_it_is() -> None:
+    record = raw(s3_body(s3_record("x")), source="dröp\\box".encode())
+    assert route(record, b"k", SETTINGS).dead_letter_reason == (
+        "dröp\\box: unknown source 'dröp\\\\box' (known: " + ", ".join(SOURCES) + ")"
+    )
 
 
 def test_a_topic_not_in_the_config_has_no_default_source() -> None:
