@@ -4,6 +4,7 @@ letters."""
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from functools import cache
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from streams.config import Settings
+from streams.core import routing
 from streams.core.event import FileEvent
 from streams.core.normalizers import SOURCES
 from streams.core.records import OutRecord, RawRecord, parse_keyed
@@ -386,3 +388,29 @@ def test_a_delivery_with_more_events_than_its_provider_sends_is_dead_lettered_wh
 
 def test_a_malformed_delivery_on_a_default_source_topic_names_that_source() -> None:
     assert_dead_letter(raw(b"{", topic="minio.events"), None, "", "minio: ")
+
+
+@pytest.mark.skipif(
+    not routing.__file__.endswith(".py"), reason="compiled: its call to normalize is not patchable"
+)
+def test_a_normalizer_bug_quoting_input_is_logged_on_escaped_lines(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The normalizer's exception may quote the delivery: the log line names it escaped, and
+    the traceback's lines are the product's frames only."""
+    forged = "[2026-12-07 03:00:00,000] [1] [CRITICAL] FORGED ok"
+
+    def broken(delivery: object) -> list[FileEvent]:
+        raise ValueError(f"bad field\n{forged}")
+
+    monkeypatch.setattr(routing, "normalize", broken)
+    with caplog.at_level(logging.ERROR, logger="streams.core.routing"):
+        routed = route(raw(b"{}", source=f"s3\n{forged}".encode()), b"k", SETTINGS)
+    assert routed.dead_letter_reason == (
+        f"s3\\n{forged}: internal error ValueError: bad field\\n{forged}"
+    )
+    [record] = caplog.records
+    lines = record.getMessage().splitlines()
+    assert lines[0].startswith("normalizer 's3\\n[2026-12-07")
+    assert "Traceback (most recent call last):" in lines
+    assert not [line for line in lines if line.startswith(forged)], lines
