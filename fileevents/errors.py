@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from fileevents.context import EventContext
 from streams.core.event import FileEvent
+from streams.logs import printable
 
 logger = logging.getLogger("fileevents")
 
@@ -59,8 +60,13 @@ def log_failure(failure: Failure) -> None:
     context = failure.context
     outcome = "dead-lettering it" if failure.final else "will retry"
     traceback = failure.error if failure.attempt == 1 else None
+    try:
+        message = str(failure.error)
+    except Exception as exc:
+        message = f"<str() of the exception raised {type(exc).__name__}>"
+    # The id and the message may be a record's text: quoted / escaped, one line each.
     logger.error(
-        "event %s (%s[%d]@%d, key %r) failed in %s, attempt %d: %s: %s; %s",
+        "event %r (%s[%d]@%d, key %r) failed in %s, attempt %d: %s: %s; %s",
         failure.event_id,
         context.topic,
         context.partition,
@@ -69,7 +75,7 @@ def log_failure(failure: Failure) -> None:
         failure.handler,
         failure.attempt,
         type(failure.error).__name__,
-        failure.error,
+        printable(message),
         outcome,
         exc_info=traceback,
     )

@@ -150,7 +150,7 @@ class EventProcessor:
         if dedupe is not None and await self._reliably(
             lambda: self._seen(dedupe, event), event, context, stopping
         ):
-            logger.debug("event %s skipped: already handled by group %s", event.id, self._group_id)
+            logger.debug("event %r skipped: already handled by group %s", event.id, self._group_id)
             return Outcome.DUPLICATE
 
         attempt = 1
@@ -180,7 +180,7 @@ class EventProcessor:
             except _Interrupted:
                 # The handlers did succeed: commit it rather than run them again elsewhere.
                 logger.warning(
-                    "event %s handled but not recorded in the dedupe store (stopping)", event.id
+                    "event %r handled but not recorded in the dedupe store (stopping)", event.id
                 )
         return Outcome.HANDLED
 

@@ -154,3 +154,21 @@ def test_the_default_on_error_logs_the_event_id_and_the_handler(
     [logged] = caplog.records
     assert "will retry" in logged.getMessage()
     assert logged.exc_info is not None and logged.exc_info[1] is first.error
+
+
+def test_the_default_on_error_writes_an_id_and_a_message_forging_lines_escaped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 31, item 3: an event id (a B2 `eventId` the stream passes on) and an error
+    message holding a line break and a line in a log format stay on the failure's line."""
+    forged = "[2026-12-07 03:00:00,000] [1] [CRITICAL] FORGED ok"
+    item = event(KEY, 7, id_=f"b2-id\n{forged}")
+    context = EventContext("files.events.x", 2, 41, KEY, b"{}", (), 0, "g", attempt=2)
+    error = ValueError(f"no such row\r\n{forged}")
+    with caplog.at_level(logging.ERROR, logger="fileevents"):
+        log_failure(Failure(item, context, "app.handlers.index", error, 2, final=True))
+    [logged] = caplog.records
+    message = logged.getMessage()
+    assert message.splitlines() == [message], message
+    assert f"event 'b2-id\\n{forged}'" in message
+    assert f"ValueError: no such row\\r\\n{forged}" in message
