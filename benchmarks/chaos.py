@@ -3,7 +3,7 @@
     python -m benchmarks.chaos [--deliveries 50000] [--kills 5] [--rate 1000] [--keys 2000]
                                [--guarantee exactly_once|at_least_once] [--seed 7]
                                [--no-broker-restart] [--broker-signal kill|term] [--json FILE]
-                               [--brokers 3 [--broker-kills 2]]
+                               [--brokers 3 [--broker-kills 2] [--coordinator-kills 2]]
 
 One run, on a PRIVATE local broker (dev/kafka/localkafka.py in a temporary directory on a free
 port pair; nothing else is disturbed, and `KAFKA_BOOTSTRAP_SERVERS` is ignored because the run
@@ -74,7 +74,10 @@ broker's restart, the broker leading most of the stream's partitions is SIGKILLe
 `--broker-kills` times (default 2) under load, each kept down until the stream has
 progressed again on every partition, then restarted and waited for until it is back in every
 partition's in-sync replicas (benchmarks/cluster_faults.py: which broker, and the figures:
-time without progress, restart, back in sync). The worker SIGKILLs continue as on one broker.
+time without progress, restart, back in sync). Between them, the broker that is the emit
+producer's transaction coordinator is SIGKILLed the same way `--coordinator-kills` times
+(default 2, exactly_once only): under load a transaction is open at each of these kills.
+The worker SIGKILLs continue as on one broker.
 A broker kill after which the stream does not progress everywhere within 180 s, or that
 found no production left to measure by, fails the run.
 
@@ -781,30 +784,50 @@ def replication_settings(brokers: int) -> str:
 
 
 def cluster_fault_schedule(
-    rng: random.Random, kills: int, broker_kills: int, window_s: float
+    rng: random.Random, kills: int, broker_kills: int, window_s: float, coordinator_kills: int = 0
 ) -> list[tuple[float, str]]:
-    """Worker kills at random moments as on one broker; broker kills evenly spaced from 15 %
-    of the window, so that each has load to measure its failover by (each takes about a
-    minute with its restart; the next one waits for it)."""
+    """Worker kills at random moments as on one broker; broker kills (of the leading broker,
+    then of the transaction coordinator, alternating) evenly spaced from 15 % of the window,
+    so that each has load to measure its failover by (each takes 30-60 s with its restart; the
+    next one waits for it)."""
     faults = [(rng.uniform(0.1 * window_s, 0.9 * window_s), "kill") for _ in range(kills)]
+    order = _alternate(broker_kills, coordinator_kills)
     faults += [
-        (window_s * (0.15 + 0.7 * index / max(broker_kills, 1)), "broker-kill")
-        for index in range(broker_kills)
+        (window_s * (0.15 + 0.7 * index / max(len(order), 1)), kind)
+        for index, kind in enumerate(order)
     ]
     return sorted(faults)
 
 
+def _alternate(leaders: int, coordinators: int) -> list[str]:
+    """`broker-kill` and `coordinator-kill` in turn, the rest of the longer list last."""
+    order: list[str] = []
+    for index in range(max(leaders, coordinators)):
+        if index < leaders:
+            order.append("broker-kill")
+        if index < coordinators:
+            order.append("coordinator-kill")
+    return order
+
+
 def cluster_faults(
-    broker: PrivateBroker | PrivateCluster, app_id: str, raw: str, config: Path
+    broker: PrivateBroker | PrivateCluster,
+    app_id: str,
+    raw: str,
+    config: Path,
+    transactional_id: str | None,
 ) -> ClusterFaults | None:
     if not isinstance(broker, PrivateCluster):
         return None
     topics = [spec.name for spec in topology(load_settings(config, environ={}))]
-    return ClusterFaults(broker, app_id, raw, f"{app_id}.by-key", topics)
+    return ClusterFaults(broker, app_id, raw, f"{app_id}.by-key", topics, transactional_id)
 
 
-def kill_a_leading_broker(faults: ClusterFaults | None, producer: Producer, result: Result) -> None:
-    """One broker kill under load, its figures into `result`."""
+def kill_a_leading_broker(
+    faults: ClusterFaults | None, producer: Producer, result: Result, coordinator: bool = False
+) -> None:
+    """One broker kill under load (the leader of most partitions, or the emit producer's
+    transaction coordinator), its figures into `result`."""
     if faults is None:
         raise SystemExit("a broker kill needs --brokers 3")
     number = len(result.broker_kills) + 1
@@ -814,7 +837,7 @@ def kill_a_leading_broker(faults: ClusterFaults | None, producer: Producer, resu
             "by (lower --rate or raise --deliveries)"
         )
         return
-    kill = faults.kill_leader()
+    kill = faults.kill_coordinator() if coordinator else faults.kill_leader()
     result.broker_kills.append(kill)
     print(f"#   broker SIGKILL {number}: {kill.describe()}", flush=True)
     if kill.no_progress_s is None:
@@ -839,8 +862,9 @@ def cluster_rows(result: Result, rows: list[tuple[str, str]]) -> list[tuple[str,
     if result.brokers == 1:
         return rows
     single = next(index for index, (name, _) in enumerate(rows) if name.startswith("broker "))
+    roles = {"leader": "the leader of most partitions", "coordinator": "transaction coordinator"}
     kills = [
-        (f"broker SIGKILL {number} (the leader of most partitions)", kill.describe())
+        (f"broker SIGKILL {number} ({roles[kill.role]})", kill.describe())
         for number, kill in enumerate(result.broker_kills, 1)
     ] or [("broker SIGKILLs", "none")]
     cluster = (
@@ -882,13 +906,14 @@ def run(args: argparse.Namespace, command: str) -> Result:
     what = f"cluster of {args.brokers} brokers" if args.brokers > 1 else "broker"
     print(f"# starting a private {what} in {workdir / 'kafka'} ...", flush=True)
     broker.start()
+    instance_id = f"{app_id}-worker-0"
     env = private_broker_env(
         broker.bootstrap,
         STREAMS_CONFIG=str(config),
         STREAMS_DATA_DIR=str(workdir / "state"),
         STREAMS_WEB_PORT=str(free_port()),
         # Static membership: the restarted worker takes its partitions back at once.
-        STREAMS_GROUP_INSTANCE_ID=f"{app_id}-worker-0",
+        STREAMS_GROUP_INSTANCE_ID=instance_id,
     )
     env.pop("STREAMS_FAILPOINT", None)
     worker = WorkerProcess(env, workdir / "worker.log")
@@ -898,13 +923,20 @@ def run(args: argparse.Namespace, command: str) -> Result:
         worker.wait_ready()
         window = args.deliveries / args.rate
         schedule = (
-            cluster_fault_schedule(random.Random(args.seed), args.kills, args.broker_kills, window)
+            cluster_fault_schedule(
+                random.Random(args.seed),
+                args.kills,
+                args.broker_kills,
+                window,
+                args.coordinator_kills if args.guarantee == "exactly_once" else 0,
+            )
             if args.brokers > 1
             else fault_schedule(
                 random.Random(args.seed), args.kills, not args.no_broker_restart, window
             )
         )
-        faults = cluster_faults(broker, app_id, raw, config)
+        # The emit producer's transactional id: <app id>-emit-<group instance id>.
+        faults = cluster_faults(broker, app_id, raw, config, f"{app_id}-emit-{instance_id}")
         producer = Producer(broker.bootstrap, raw, work.deliveries, args.rate)
         print(
             f"# producing for ~{window:.0f} s; faults at "
@@ -924,8 +956,8 @@ def run(args: argparse.Namespace, command: str) -> Result:
                 worker.wait_ready()
                 result.recovery_s.append(time.monotonic() - killed_at)
                 print(f"#   SIGKILL: ready again after {result.recovery_s[-1]:.1f} s", flush=True)
-            elif what == "broker-kill":
-                kill_a_leading_broker(faults, producer, result)
+            elif what in ("broker-kill", "coordinator-kill"):
+                kill_a_leading_broker(faults, producer, result, what == "coordinator-kill")
             else:
                 assert isinstance(broker, PrivateBroker)  # one broker's restart
                 before = lag_now(broker.bootstrap, f"{app_id}-normalize", [raw])
@@ -1022,6 +1054,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--broker-kills", type=int, default=2, help="with --brokers 3: how many (default 2)"
+    )
+    parser.add_argument(
+        "--coordinator-kills",
+        type=int,
+        default=2,
+        help="with --brokers 3 and exactly_once: SIGKILLs of the emit producer's transaction "
+        "coordinator, between the leader kills (default 2)",
     )
     parser.add_argument("--drain-timeout-s", type=float, default=600.0)
     parser.add_argument("--keep", action="store_true", help="keep the run's directory")

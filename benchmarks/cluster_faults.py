@@ -7,7 +7,11 @@ stream must do then is keep going on the other two (replication factor 3, `min.i
 leads most of the stream's partitions (no controlled shutdown: its leaderships move only when
 the controllers notice it is gone), measures how long the stream makes no progress, restarts
 it, and waits until it is back in every partition's in-sync replicas, so that the next kill
-never takes the last in-sync replica of a partition.
+never takes the last in-sync replica of a partition. `ClusterFaults.kill_coordinator` does the
+same to the broker that is the emit producer's **transaction coordinator** (the leader of its
+`__transaction_state` partition, found with FindCoordinator): under load a transaction is open
+at that moment, and its `AddPartitionsToTxn`, `AddOffsetsToTxn` or `EndTxn` meets a dead
+broker, then a new coordinator that has to load the transaction's state.
 
 Figures of one kill (`BrokerKill`):
 
@@ -35,6 +39,7 @@ from typing import Any, TypeVar
 
 from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.client import AIOKafkaClient
 from aiokafka.errors import KafkaError
 
 from dev.kafka.private import PrivateCluster
@@ -42,6 +47,8 @@ from dev.kafka.private import PrivateCluster
 PROGRESS_TIMEOUT_S = 180.0
 IN_SYNC_TIMEOUT_S = 240.0
 PROBE_INTERVAL_S = 0.25
+TRANSACTION_COORDINATOR = 1
+"""FindCoordinator's key type for a transactional id (0 is a group)."""
 
 T = TypeVar("T")
 Described = list[dict[str, Any]]
@@ -53,6 +60,8 @@ class BrokerKill:
     """One SIGKILL of a broker under load; see the module docstring."""
 
     node: int
+    role: str
+    """`leader` (of most of the stream's partitions) or `coordinator` (of its transactions)"""
     led: int
     """partitions of the stream's topics it led when it was killed"""
     partitions: int
@@ -67,7 +76,8 @@ class BrokerKill:
             return "NOT" if value is None else f"{value:.1f} s"
 
         return (
-            f"node {self.node} (led {self.led}/{self.partitions}): every partition progressed "
+            f"node {self.node}, {self.role} (led {self.led}/{self.partitions}): "
+            "every partition progressed "
             f"after {seconds(self.no_progress_s)} (the first after "
             f"{seconds(self.first_progress_s)}); back after {seconds(self.restarted_s)}, "
             f"in sync {seconds(self.in_sync_s)} later"
@@ -101,6 +111,17 @@ async def _describe(bootstrap: str, topics: Sequence[str] | None) -> Described:
         return described
     finally:
         await admin.close()
+
+
+async def _coordinator(bootstrap: str, transactional_id: str) -> int:
+    """The node coordinating `transactional_id`'s transactions (FindCoordinator, key type 1)."""
+    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+    await client.bootstrap()
+    try:
+        node: int = await client.coordinator_lookup(TRANSACTION_COORDINATOR, transactional_id)
+        return node
+    finally:
+        await client.close()
 
 
 def _probe(make: Callable[[], Awaitable[T]]) -> T | None:
@@ -142,10 +163,13 @@ class ClusterFaults:
         raw: str,
         repartition: str,
         stream_topics: Sequence[str],
+        transactional_id: str | None = None,
     ) -> None:
         self.cluster = cluster
         self.groups = {f"{app_id}-normalize": raw, f"{app_id}-emit": repartition}
         self.stream_topics = list(stream_topics)
+        self.transactional_id = transactional_id
+        """The emit producer's (exactly_once), for `kill_coordinator`."""
 
     def committed(self) -> Committed | None:
         return _probe(lambda: _committed(self.cluster.bootstrap, self.groups))
@@ -172,13 +196,32 @@ class ClusterFaults:
 
     def kill_leader(self) -> BrokerKill:
         """One fault: SIGKILL, progress measured, restart, back in sync (module docstring)."""
+        described, before = self._before()
+        led = leaders(described)
+        node = max(self.cluster.node_ids, key=lambda node_id: (led[node_id], -node_id))
+        return self._kill(BrokerKill(node, "leader", led[node], sum(led.values())), before)
+
+    def kill_coordinator(self) -> BrokerKill:
+        """The same fault on the emit producer's transaction coordinator."""
+        if self.transactional_id is None:
+            raise SystemExit("a coordinator kill needs the emit stage's transactional id")
+        transactional_id = self.transactional_id
+        described, before = self._before()
+        node = _probe(lambda: _coordinator(self.cluster.bootstrap, transactional_id))
+        if node is None:
+            raise SystemExit(f"cannot find the transaction coordinator of {transactional_id}")
+        led = leaders(described)
+        return self._kill(BrokerKill(node, "coordinator", led[node], sum(led.values())), before)
+
+    def _before(self) -> tuple[Described, Committed]:
         described = self.describe(self.stream_topics)
         before = self.committed()
         if described is None or not before:
             raise SystemExit("cannot read the stream's topics and offsets before a broker kill")
-        led = leaders(described)
-        node = max(self.cluster.node_ids, key=lambda node_id: (led[node_id], -node_id))
-        kill = BrokerKill(node, led[node], sum(led.values()))
+        return described, before
+
+    def _kill(self, kill: BrokerKill, before: Committed) -> BrokerKill:
+        node = kill.node
         killed_at = time.monotonic()
         self.cluster.kill(node)
         while time.monotonic() - killed_at < PROGRESS_TIMEOUT_S:

@@ -6,8 +6,9 @@ are the batch, each once; the group's committed offset is the batch's; and every
 acknowledgement points at a committed record that is the one it acknowledged.
 
 The driver plays the emit member: `PartitionsMoved` rewinds (the batch is committed again
-only if its offsets are not), a fatal error restarts the worker (a new MemberTransactions
-under the same transactional id, which fences the old one).
+only if its offsets are not), a fatal error at start-up restarts the worker (a new
+MemberTransactions under the same transactional id, which fences the old one); a fatal error
+later replaces the producer in place, as such a restart would.
 
 The first test is the case of issue 31, which lost every record on 061b636: the first
 produce request reaches the broker, its answer is lost and connections are refused for 8 s,
@@ -15,8 +16,8 @@ and `send_offsets_to_transaction` fails once with a retriable `_TRANSPORT`; the 
 retry on the same producer (same epoch, same sequences) were answered as duplicates of the
 aborted batch.
 
-Stage one (normalize) has no transactions: its idempotent producer's lost answers are covered
-by the `Produce` row of the proxy matrix's sender test below.
+Stage one (normalize) has no transactions: its idempotent sender meets the same lost and late
+produce answers in the last test.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ from support.local_broker import PrivateBroker
 
 from streams.core.records import OutRecord
 from streams.engine.librdkafka import transactions
+from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.librdkafka.transactions import MemberTransactions, PartitionsMoved
-from streams.engine.outcomes import Acknowledged
+from streams.engine.outcomes import Acknowledged, DeadLetters, Sent
 from streams.progress import Progress
 
 pytestmark = pytest.mark.kafka
@@ -222,6 +224,8 @@ class Plan:
     before: Callable[[], None] = lambda: None
     """Run before the first fault (e.g. wait for the proxy to have lost an answer)."""
     done: list[str] = field(default_factory=list)
+    made: int = 0
+    """Producers made: a new one (a new epoch) after every abort."""
 
     def fault(self, call: str) -> None:
         way = self.faults.pop(call, None)
@@ -236,6 +240,7 @@ class Plan:
         raise {"retriable": retriable, "abortable": abortable, "fatal": fatal}[way]()
 
     def factory(self, config: dict[str, Any]) -> Producer:
+        self.made += 1
         return Injected(config, self)
 
 
@@ -335,8 +340,11 @@ def test_each_transactional_call_failing_once_loses_and_duplicates_nothing(
     plan = Plan(dict(faults))
     outcome = run(drive(broker.proxy_bootstrap, batch, plan.factory))
     assert sorted(plan.done) == sorted(f"{c}:{w}" for c, w in faults.items())
-    if way == "fatal":
-        assert outcome.restarts == 1
+    if (call, way) in (("send_offsets", "retriable"), ("commit", "retriable")):
+        assert plan.made == 1  # tried again inside the open transaction
+    else:
+        assert plan.made >= 2  # aborted or given up: the retry under a new epoch
+    assert outcome.restarts == (1 if (call, way) == ("init", "fatal") else 0)
     run(check(broker, batch, outcome))
 
 
@@ -367,3 +375,41 @@ def test_each_transactional_request_losing_or_delaying_its_answer_loses_nothing(
     run(check(broker, batch, outcome))
     if api not in (INIT_PRODUCER_ID, FIND_COORDINATOR):  # may be answered before the test
         assert proxy.hit[api] >= 1, f"no {API_NAMES[api]} request met its fault"
+
+
+@pytest.mark.parametrize("failures_only", [True, False], ids=["stage-one", "every-report"])
+@pytest.mark.parametrize("fault", ["lose", "delay"])
+def test_the_idempotent_sender_stores_each_record_once_through_a_lost_produce_answer(
+    proxied: tuple[PrivateBroker, FaultProxy], proxy: FaultProxy, failures_only: bool, fault: str
+) -> None:
+    """Stage one's sender (no transactions) and the at_least_once emit sender: a produce
+    whose answer is lost or late is sent again by librdkafka under the same sequences, which
+    the broker answers as a duplicate: stored once, and the write ends."""
+    broker, _ = proxied
+    topic = f"sender-{uuid.uuid4().hex[:10]}"
+    run(create_topic(broker.bootstrap, topic, partitions=3))
+    records = [OutRecord(topic, f"k{n % 11}".encode(), f"r{n}".encode()) for n in range(200)]
+    if fault == "lose":
+        proxy.lose_answer(PRODUCE, refuse_s=3.0)
+    else:
+        proxy.delay_answer(PRODUCE, 3.0)
+
+    async def send() -> Sent:
+        sender = RdRecordSender(
+            broker.proxy_bootstrap,
+            f"sender-{topic}",
+            Progress(),
+            DeadLetters(f"{topic}-dlq", "normalize"),
+            failures_only=failures_only,
+        )
+        await sender.start()
+        try:
+            return await asyncio.wait_for(sender.send_all(records, "normalize"), 60)
+        finally:
+            await sender.stop()
+
+    sent = run(send())
+    assert sent.refused == []
+    assert proxy.hit[PRODUCE] == 1
+    values = sorted(read.value or b"" for read in run(read_topic(broker.bootstrap, topic)))
+    assert values == sorted(record.value or b"" for record in records)

@@ -26,7 +26,10 @@ costs a few round trips to the coordinator whatever it carries). A failure of it
   `PartitionsMoved`, and so does each later one until the emit member has rewound its
   partitions to their committed offsets (`resume`): their pending work is dropped and read
   again, never a crash.
-Any other fatal producer error is raised (the worker stops, closing its consumers first).
+Any other fatal producer error: the producer is replaced (the new one, under the same id,
+fences it and aborts its transaction, as a restart would) and the transaction tried again,
+the trouble reported meanwhile; at start-up (`prepare`) it is raised (the worker stops,
+closing its consumers first).
 """
 
 from __future__ import annotations
