@@ -315,6 +315,41 @@ def test_a_record_that_cannot_be_decompressed_is_dead_lettered_and_its_partition
     assert len([read for read in attack.letters() if read.value is None]) == 3
 
 
+@pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
+def test_a_record_the_emit_stage_cannot_decompress_is_stepped_past_in_its_transaction(
+    kafka_bootstrap: str, tmp_path: Path, guarantee: str
+) -> None:
+    """Only the worker writes the repartition topic, but a record there that librdkafka
+    reports unreadable must not block its partition either: dead-lettered by the emit stage,
+    its offset committed with the part (in the transaction, with exactly_once), and the next
+    record of the partition emitted; read again after a restart it is not."""
+    attack = MinioTopic(
+        kafka_bootstrap, tmp_path / "worker", {"STREAMS_PROCESSING_GUARANTEE": guarantee}
+    )
+    try:
+        attack.worker.start()
+        partition = 1
+        spaces = b" " * (120 * 1024 * 1024)  # past librdkafka's default cap (100 MB)
+        write(attack.bootstrap, attack.repartition, partition, [(b"bomb", spaces)], "zstd", 10**9)
+        control = same_partition_key(partition)
+        attack.send_control(control)
+        attack.wait_out(control, timeout_s=60)
+        attack.running_and_ready()
+        [letter] = [
+            read
+            for read in attack.letters()
+            if read.headers.get("error.topic") == attack.repartition.encode()
+        ]
+        assert letter.value is None and letter.key is None
+        assert letter.headers["error.stage"] == b"emit"
+        error = letter.headers["error"].decode()
+        assert f"{attack.repartition}[{partition}]@" in error and "_BAD_COMPRESSION" in error
+        attack.restart_and_check()
+        assert len([read for read in attack.letters() if read.value is None]) == 1
+    finally:
+        attack.worker.stop()
+
+
 # -- compressed records that inflate the worker --------------------------------------------
 
 
