@@ -160,11 +160,16 @@ def command_topics(args: argparse.Namespace) -> int:
 
 
 def command_create_topics(args: argparse.Namespace) -> int:
-    from streams.engine.topics import ensure_topics, topology
+    from streams.engine.topics import ensure_topics, names_line, topology
 
     settings = load_settings(args.config)
-    created = asyncio.run(ensure_topics(settings.kafka, topology(settings), retry_for_s=args.wait))
-    print(f"created {len(created)} topic(s)" + (f": {', '.join(created)}" if created else ""))
+    specs = topology(settings)
+    created = asyncio.run(ensure_topics(settings.kafka, specs, retry_for_s=args.wait))
+    print(
+        f"created {len(created):,} topic(s)"
+        + (f": {names_line(created)}" if created else "")
+        + f"; {len(specs) - len(created):,} existed already"
+    )
     return 0
 
 

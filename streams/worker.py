@@ -37,6 +37,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ from streams.config import ConfigError, Settings, load_settings
 from streams.core.rules import open_instances_warning
 from streams.engine.librdkafka.group_config import kip848_refusal, versions_by_broker
 from streams.engine.store import STATE_DIR_MODE, private
-from streams.engine.topics import ensure_topics, resolve_repartition_topic, topology
+from streams.engine.topics import ensure_topics, names_line, resolve_repartition_topic, topology
 from streams.exposition import merge, snapshot
 from streams.kafka_settings import KafkaAccessError, KafkaRefusalWording
 from streams.logs import install_kafka_log_filter, plain_unless_terminal
@@ -157,6 +158,8 @@ class StreamsApp(faust.App):
         self.ready_announced = False
         """Whether the one `ready:` line was logged (the first time both stages had their
         partitions and the state was restored)."""
+        self.started_at = time.monotonic()
+        """For the ready line's start-up time (from the app's construction)."""
 
     def announce_ready(self) -> None:
         """One line once the worker first serves: what runs, on how many partitions, where
@@ -181,11 +184,12 @@ class StreamsApp(faust.App):
             )
         log.warning(
             "ready: stages %s; state in RocksDB at %s (Faust's banner `store` is its own "
-            "table store, unused); web http://%s:%d",
+            "table store, unused); web http://%s:%d; started in %.1f s",
             stages,
             pipeline.store.directory,
             stream.web_host,
             stream.web_port,
+            time.monotonic() - self.started_at,
         )
 
     async def child_view(self) -> StageView | None:
@@ -247,7 +251,7 @@ class StreamsApp(faust.App):
         except KafkaAccessError as exc:
             _stop_now(str(exc))
         if created:
-            log.info("created topics: %s", ", ".join(created))
+            log.info("created %d topic(s): %s", len(created), names_line(created))
         if settings.stream.group_protocol == "consumer":
             try:
                 refusal = kip848_refusal(await versions_by_broker(settings.kafka))

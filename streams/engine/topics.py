@@ -76,6 +76,80 @@ OUTPUT_TOPIC_CONFIG = {
     **_limit("output"),
 }
 # A changelog entry may outlive its TTL by this much before the broker may delete it.
+MAX_RECORDS_PER_REQUEST = 2_000
+"""Metadata records one CreateTopics request may cause (a topic, each of its partitions, each
+config it sets): KRaft's controller refuses a request of more than 10,000 at once, every
+topic of it with POLICY_VIOLATION "Unable to perform excessively large batch operation" (the
+2,006 topics of 1,000 instances are over 16,000). Batches well under it."""
+TOPIC_ALREADY_EXISTS = 36
+NAMES_SHOWN = 10
+"""Topic names a line names before it says how many more."""
+
+
+class TopicsNotCreated(KafkaAccessError):
+    """Kafka refused to create topics (policy, quota, limits, ACLs): waiting would not
+    change it; one line naming the first topics and the broker's reason."""
+
+
+def names_line(names: list[str], shown: int = NAMES_SHOWN) -> str:
+    """`a, b, c` or, past `shown` names, `a, b, ... and 1,990 more`."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])}, ... and {len(names) - shown:,} more"
+
+
+def creation_batches(specs: list[TopicSpec]) -> list[list[TopicSpec]]:
+    """`specs` in CreateTopics requests of at most MAX_RECORDS_PER_REQUEST records each."""
+    batches: list[list[TopicSpec]] = []
+    batch: list[TopicSpec] = []
+    records = 0
+    for spec in specs:
+        size = 1 + spec.partitions + len(spec.config)
+        if batch and records + size > MAX_RECORDS_PER_REQUEST:
+            batches.append(batch)
+            batch, records = [], 0
+        batch.append(spec)
+        records += size
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+async def _create(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> list[str]:
+    """Create `specs` in batches, one round trip each; the names this call created. Raise
+    TopicsNotCreated for what Kafka refused (aiokafka returns per-topic errors in the answer,
+    never raises them). A topic that exists by now (another worker, or one this broker
+    created but did not list yet) is fine."""
+    created: list[str] = []
+    refused: list[tuple[str, int, str]] = []
+    for batch in creation_batches(specs):
+        with contextlib.suppress(TopicAlreadyExistsError):  # another worker was first
+            response = await admin.create_topics(
+                [
+                    NewTopic(
+                        spec.name,
+                        spec.partitions,
+                        spec.replication_factor,
+                        topic_configs=spec.config,
+                    )
+                    for spec in batch
+                ]
+            )
+            for error in response.topic_errors:
+                topic, code = error[0], error[1]
+                if code == 0:
+                    created.append(topic)
+                elif code != TOPIC_ALREADY_EXISTS:
+                    refused.append((topic, code, (error[2] if len(error) > 2 else "") or ""))
+    if refused:
+        reasons = sorted({f"{reason or 'error'} (code {code})" for _, code, reason in refused})
+        raise TopicsNotCreated(
+            f"Kafka refused to create {len(refused):,} topic(s) "
+            f"({names_line([topic for topic, _, _ in refused])}): {'; '.join(reasons)}"
+        )
+    return created
+
+
 CHANGELOG_RETENTION_MARGIN_MS = 3600 * 1000
 
 
@@ -165,7 +239,8 @@ def topology(settings: Settings) -> list[TopicSpec]:
 async def ensure_topics(
     kafka: KafkaSettings | str, specs: list[TopicSpec], retry_for_s: float | None = None
 ) -> list[str]:
-    """Create the topics that do not exist yet; return their names.
+    """Create the topics that do not exist yet, in batches (`creation_batches`); return their
+    names. TopicsNotCreated when Kafka refuses some (named, with its reason).
 
     Retries while the broker is unreachable (for `retry_for_s`, or forever when None), so a
     worker started before its broker waits for it instead of failing. A broker that refuses
@@ -183,21 +258,9 @@ async def ensure_topics(
             await admin.start()
             existing = set(await admin.list_topics())
             missing = [spec for spec in specs if spec.name not in existing]
-            if missing:
-                with contextlib.suppress(TopicAlreadyExistsError):  # another worker was first
-                    await admin.create_topics(
-                        [
-                            NewTopic(
-                                spec.name,
-                                spec.partitions,
-                                spec.replication_factor,
-                                topic_configs=spec.config,
-                            )
-                            for spec in missing
-                        ]
-                    )
+            created = await _create(admin, missing) if missing else []
             await _warn_of_lower_limits(admin, [spec for spec in specs if spec.name in existing])
-            return [spec.name for spec in missing]
+            return created
         except KafkaConnectionError as exc:
             problem = await check_access(kafka)
             if problem is not None and problem[1]:

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from streams.engine.topics import MIN_INSYNC_REPLICAS, TopicSpec, ensure_topics
+from streams.engine.topics import MIN_INSYNC_REPLICAS, TopicSpec, TopicsNotCreated, ensure_topics
 
 pytestmark = pytest.mark.kafka
 
@@ -54,3 +54,21 @@ def test_an_existing_weaker_topic_is_named_per_setting_and_left_as_it_is(
     ), about_weak
     assert any("max.message.bytes=1048576" in line for line in about_weak), about_weak
     assert not [line for line in lines if fine in line], lines  # as asked: nothing said
+
+
+def test_topics_kafka_refuses_to_create_are_named_with_its_reason(kafka_bootstrap: str) -> None:
+    """aiokafka returns CreateTopics' per-topic errors in its answer without raising: before
+    2026-12-07 a refused topic was reported as created (and 1,000 instances' topics, over
+    KRaft's limit per request, were all refused in silence: the worker never got ready)."""
+    fine, refused = f"fine-{uuid.uuid4().hex[:8]}", f"refused-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(TopicsNotCreated) as raised:
+        asyncio.run(
+            ensure_topics(
+                kafka_bootstrap,
+                [TopicSpec(fine, 1, 1, {}), TopicSpec(refused, 1, 3, {})],  # one broker
+                retry_for_s=30,
+            )
+        )
+    message = str(raised.value)
+    assert refused in message and fine not in message, message
+    assert "replication factor" in message.lower(), message
