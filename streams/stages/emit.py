@@ -58,6 +58,7 @@ from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.librdkafka.transactions import MemberTransactions, PartitionsMoved
 from streams.engine.outcomes import DeadLetters, RecordsRefused
 from streams.engine.store import SWEEP_FLUSH_KEYS, Reviser, Revision, StateStore
+from streams.logs import printable
 from streams.progress import Progress, Stopping
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,7 @@ class EmitStage:
         its key and value when there are any (an Unreadable has neither), and the reason,
         which names where it is. Its offset is committed with the part's others."""
         metrics.UNREADABLE.labels("emit").inc()
-        log.warning("dead-lettered an unreadable record: %.500s", reason)
+        log.warning("dead-lettered an unreadable record: %.500s", printable(reason))
         raw = RawRecord(message.topic() or "", message.value() or b"")
         letter = dead_letter_record(
             self.settings.stream.dead_letter_topic, raw, message.key(), reason, "emit"

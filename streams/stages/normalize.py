@@ -33,6 +33,7 @@ from streams.engine.librdkafka.consumer import Unreadable, headers_unreadable
 from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.outcomes import DeadLetters
 from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
+from streams.logs import printable
 from streams.progress import Stopping
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,7 @@ class NormalizeStage:
                         tp.topic,
                         tp.partition,
                         message.offset(),
-                        routed.dead_letter_reason,
+                        printable(routed.dead_letter_reason),  # some reasons are built here
                     )
                 else:
                     for record in routed.records:
@@ -193,7 +194,7 @@ class NormalizeStage:
         names where it is."""
         metrics.DEAD_LETTERED.labels("normalize").inc()
         metrics.UNREADABLE.labels("normalize").inc()
-        log.warning("dead-lettered an unreadable record: %.500s", reason)
+        log.warning("dead-lettered an unreadable record: %.500s", printable(reason))
         raw = RawRecord(message.topic() or "", message.value() or b"")
         letter = dead_letter_record(self.dead_letter_topic, raw, message.key(), reason, "normalize")
         if isinstance(message, Unreadable):
