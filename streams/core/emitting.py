@@ -319,15 +319,36 @@ def legacy_mark_applies(legacy: Mark, mark: Mark, provider: str, scope: str) -> 
     return not owners.isdisjoint(issuers)
 
 
+class InstanceTimes:
+    """What the plan and the sweep look up by instance, built once per Settings
+    (Settings.derived: `instance_times`), so that neither scans the instances per batch or
+    per key (issue 33)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.instances: dict[str, InstanceConfig] = {
+            instance.name: instance for instance in settings.instances
+        }
+        self.longest: float = max(instance.dedupe_ttl for instance in settings.instances)
+        """The longest dedupe TTL."""
+        chosen = settings.stream.deleted_mark_grace_s
+        self.graces: dict[str, float] = {
+            name: chosen if chosen is not None else instance.dedupe_ttl
+            for name, instance in self.instances.items()
+        }
+        """Each instance's deleted-mark grace (`deleted_mark_grace`)."""
+        self.other_grace: float = chosen if chosen is not None else self.longest
+        """The grace of an instance no longer configured."""
+
+
+def instance_times(settings: Settings) -> InstanceTimes:
+    return settings.derived(InstanceTimes)
+
+
 def deleted_mark_grace(settings: Settings, instance_name: str) -> float:
     """How long a deleted key's mark is kept: `stream.deleted_mark_grace_s`, else the
     instance's dedupe TTL (else, for an instance no longer configured, the longest)."""
-    if settings.stream.deleted_mark_grace_s is not None:
-        return settings.stream.deleted_mark_grace_s
-    for instance in settings.instances:
-        if instance.name == instance_name:
-            return instance.dedupe_ttl
-    return max(instance.dedupe_ttl for instance in settings.instances)
+    times = instance_times(settings)
+    return times.graces.get(instance_name, times.other_grace)
 
 
 def mark_instance(key: bytes) -> str:
@@ -410,14 +431,15 @@ def plan_batch(
     One state read per event on the common path (its key's record, `streams.core.keystate`),
     and one record written per key the batch touched, however many of its events it held."""
     plan = EmitPlan()
-    instances = {instance.name: instance for instance in settings.instances}
+    times = instance_times(settings)  # read only: shared by every batch
+    instances = times.instances
     latest = now + settings.stream.max_clock_skew_s
     windows: dict[tuple[bytes, int], float] = {}
-    graces = {name: deleted_mark_grace(settings, name) for name in instances}
+    graces = times.graces
     records: dict[tuple[int, bytes], KeyState] = {}
     """(partition, key) -> the key's state as this batch leaves it; written once at the end."""
     changed: set[tuple[int, bytes]] = set()
-    longest = max(instance.dedupe_ttl for instance in settings.instances)
+    longest = times.longest
 
     def lookup(table: str, partition: int, key: bytes) -> bytes | None:
         found = plan.writes.get((table, partition))

@@ -1,7 +1,7 @@
 """Stage one, pure: a raw delivery becomes keyed records for each instance that keeps them.
 
 Everything that cannot be parsed becomes one dead-letter record (original bytes, headers and
-the reason); every event an instance does not keep is counted by reason. So does a delivery
+the reason). So does a delivery
 with an event too large for the topics it would go through (its `raw` record, which the
 event carries whole, makes it so): `event_record_bytes` over `EVENT_MAX_MESSAGE_BYTES`. It is
 never truncated, and never written to fail there.
@@ -12,14 +12,32 @@ a bound on every credential that may write the topic:
 * its sources: a record whose `source` header names a source the topic does not carry (on
   a topic with `default_source`, any other source) is dead-lettered, never normalized as the
   source it claims;
-* its instances: its deliveries reach only those (the others count `filtered{reason="topic"}`);
+* its instances: its deliveries reach only those (the other candidates count
+  `filtered{reason="topic"}`);
 * a `reconcile` delivery reaches exactly the one instance its body names (`instance`, which
   `connectors reconcile` writes; on a topic of one instance, that one when absent), which must
-  be configured and reached by the topic: else dead-lettered. The other instances count
+  be configured and reached by the topic: else dead-lettered. The other candidates count
   `filtered{reason="instance"}`;
 * the events of one delivery: at most what its provider sends in one
   (`StreamConfig.events_bound`), else the whole delivery is dead-lettered, nothing of it
   published.
+
+An event visits only the instances that could keep it, its candidates: those whose bucket
+is the event's (or every bucket: no bucket, `"*"`; or the delivery names none) and whose
+prefix holds its key on a path boundary (or that have none). `InstanceIndex` finds them
+with a map per bucket and a map of prefixes each (one look-up per `/` of the key up to the
+longest prefix), built once per Settings (Settings.derived), so that routing costs the same
+with 10,000 instances as with one; they are tried in configuration order, the order of the
+keyed records. Each candidate applies its rules (streams.core.rules) in full, so what is kept
+is exactly what trying every instance kept (tests/fuzz/test_routing_index.py holds the two
+to each other).
+
+`Routed.filtered` counts, per candidate that does not keep an event, why: `topic`,
+`instance`, `source`, `prefix-escape` or `plugin:<name>` (an instance whose bucket or prefix
+does not hold the event was never a candidate, and counts nothing); and an event that no
+instance's bucket and prefix hold once, under instance `*` and reason `no-instance`
+(`NO_INSTANCE`). So a tenant's `filtered` series say what was addressed to it and refused,
+and grow with what it is sent, not with the number of tenants.
 
 The dead-letter reason quotes input (the `source` header, fields of the body, a normalizer's
 message about them), and the normalize stage logs it: it is made one printable line where it
@@ -35,7 +53,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 
-from streams.config import RawTopicConfig, Settings
+from streams.config import InstanceConfig, RawTopicConfig, Settings
 from streams.core.event import FileEvent
 from streams.core.normalizers import MalformedDelivery, normalize
 from streams.core.records import (
@@ -53,6 +71,10 @@ from streams.logs import printable
 log = logging.getLogger(__name__)
 
 
+NO_INSTANCE = ("*", "no-instance")
+"""The `Routed.filtered` entry of an event no instance's bucket and prefix hold."""
+
+
 @dataclass(slots=True)
 class Routed:
     """What one raw record turned into."""
@@ -60,7 +82,8 @@ class Routed:
     records: list[OutRecord] = field(default_factory=list)
     events: int = 0
     filtered: Counter[tuple[str, str]] = field(default_factory=Counter)
-    """(instance, reason) -> count"""
+    """(instance, reason) -> count, for the candidates that did not keep an event; NO_INSTANCE
+    for an event that had none (module docstring)"""
     dead_letter_reason: str | None = None
 
 
@@ -130,10 +153,10 @@ def reconcile_instance(event: FileEvent, topic: RawTopicConfig | None, settings:
                 "a reconcile delivery names no instance (and its topic reaches more than one)"
             )
         named = pinned[0]
-    configured = [instance.name for instance in settings.instances]
-    if named not in configured:
+    index = instance_index(settings)
+    if named not in index.positions:
         raise MalformedDelivery(f"instance {named[:200]!r} is not configured")
-    if topic is not None and not topic.reaches(named):
+    if topic is not None and not index.reaches(topic, named):
         raise MalformedDelivery(
             f"raw topic {topic.name} reaches {', '.join(topic.instances or ())} only, "
             f"not instance {named!r}"
@@ -145,6 +168,97 @@ class TooLarge(Exception):
     """An event whose records would exceed the limit of the topics they go to."""
 
 
+class _Place:
+    """The instances of one bucket (or of every bucket), by prefix: positions in the
+    configuration."""
+
+    def __init__(self) -> None:
+        self.whole: list[int] = []
+        """Those without a prefix: every key."""
+        self.prefixes: dict[str, list[int]] = {}
+        self.longest = 0
+        """The length of the longest prefix: where the look-ups in a key stop."""
+
+    def add(self, position: int, prefix: str) -> None:
+        if not prefix:
+            self.whole.append(position)
+            return
+        self.prefixes.setdefault(prefix, []).append(position)
+        self.longest = max(self.longest, len(prefix))
+
+    def collect(self, key: str, into: list[int]) -> None:
+        """Add the instances whose prefix holds `key` (rules.under_prefix: `key` is
+        `<prefix>/<something>`): one look-up per `/` of the key, up to the longest prefix."""
+        into.extend(self.whole)
+        if not self.prefixes:
+            return
+        # A `/` at i ends the prefix key[:i] (never empty) and leaves key[i + 1:], which must
+        # not be empty: 1 <= i <= len(key) - 2, and no further than the longest prefix.
+        limit = min(self.longest, len(key) - 2) + 1
+        slash = key.find("/", 1, limit)
+        while slash >= 0:
+            found = self.prefixes.get(key[:slash])
+            if found is not None:
+                into.extend(found)
+            slash = key.find("/", slash + 1, limit)
+
+
+class InstanceIndex:
+    """The instances of one Settings by what selects them (built once: `instance_index`)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.instances: tuple[InstanceConfig, ...] = settings.instances
+        self.positions: dict[str, int] = {}
+        """Each instance's place in the configuration, by name."""
+        self.buckets: dict[str, _Place] = {}
+        """The instances of each bucket named in the configuration."""
+        self.every_bucket = _Place()
+        """The instances without a bucket (none, or `"*"`)."""
+        self.anywhere = _Place()
+        """Every instance: for a delivery that names no bucket, which passes every bucket."""
+        self.reach: dict[str, frozenset[str]] = {
+            topic.name: frozenset(topic.instances)
+            for topic in settings.stream.raw_topics
+            if topic.instances is not None
+        }
+        """The instances each raw topic that pins some reaches."""
+        for position, instance in enumerate(settings.instances):
+            self.positions[instance.name] = position
+            self.anywhere.add(position, instance.prefix)
+            if instance.bucket is None:
+                self.every_bucket.add(position, instance.prefix)
+            else:
+                place = self.buckets.get(instance.bucket)
+                if place is None:
+                    place = self.buckets[instance.bucket] = _Place()
+                place.add(position, instance.prefix)
+
+    def candidates(self, bucket: str | None, key: str) -> list[int]:
+        """The positions, in configuration order, of the instances whose bucket and prefix
+        hold an event of `bucket` and `key` (rules.apply_instance's `bucket` and `prefix`)."""
+        found: list[int] = []
+        if bucket is None:
+            self.anywhere.collect(key, found)
+        else:
+            self.every_bucket.collect(key, found)
+            place = self.buckets.get(bucket)
+            if place is not None:
+                place.collect(key, found)
+        if len(found) > 1:
+            found.sort()
+        return found
+
+    def reaches(self, topic: RawTopicConfig, name: str) -> bool:
+        """RawTopicConfig.reaches, by a set."""
+        pinned = self.reach.get(topic.name)
+        return pinned is None or name in pinned
+
+
+def instance_index(settings: Settings) -> InstanceIndex:
+    """The InstanceIndex of `settings`, built on first use and kept on them."""
+    return settings.derived(InstanceIndex)
+
+
 def _fan_out(
     routed: Routed,
     events: list[FileEvent],
@@ -154,9 +268,17 @@ def _fan_out(
     only: str | None,
 ) -> None:
     routed.events = len(events)
+    index = instance_index(settings)
+    instances = index.instances
+    pinned = index.reach.get(topic.name) if topic is not None else None
     for event in events:
-        for instance in settings.instances:
-            if topic is not None and not topic.reaches(instance.name):
+        candidates = index.candidates(event.bucket, event.key)
+        if not candidates:
+            routed.filtered[NO_INSTANCE] += 1
+            continue
+        for position in candidates:
+            instance = instances[position]
+            if pinned is not None and instance.name not in pinned:
                 routed.filtered[(instance.name, "topic")] += 1
                 continue
             if only is not None and instance.name != only:

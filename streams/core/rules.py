@@ -164,6 +164,8 @@ def apply_instance(event: FileEvent, instance: InstanceConfig) -> FileEvent | Fi
     return event.model_copy(update=changes) if changes else event
 
 
+NAMED_AT_MOST = 20
+"""How many instances a start-up line names; the others are counted."""
 BUCKETLESS_SOURCES = ("box", "cloudinary")
 """Sources whose deliveries name no bucket: they pass every bucket filter."""
 
@@ -174,8 +176,11 @@ def open_instances_warning(instances: Sequence[InstanceConfig]) -> str | None:
     names = [i.name for i in instances if i.bucket is not None and i.sources is None]
     if not names:
         return None
+    named = ", ".join(names[:NAMED_AT_MOST])
+    if len(names) > NAMED_AT_MOST:  # one line, at 10,000 instances too
+        named += f" and {len(names) - NAMED_AT_MOST:,} more"
     return (
-        f"instance(s) {', '.join(names)} take one bucket but set no `sources`: every "
+        f"instance(s) {named} take one bucket but set no `sources`: every "
         "authenticated source can write into them by naming that bucket, and "
         f"{' and '.join(BUCKETLESS_SOURCES)} deliveries (which name no bucket) pass the "
         'bucket filter; list the sources each accepts, e.g. sources = ["s3"]'

@@ -120,9 +120,8 @@ def test_filtered_counts_by_instance_and_reason() -> None:
     )
     routed = route(raw(body, source=b"s3"), None, SETTINGS)
     assert routed.events == 5
-    assert routed.filtered == Counter(
-        {("tenant-a", "prefix"): 2, ("tenant-a", "bucket"): 1, ("tenant-a", "plugin:versioning"): 1}
-    )
+    # Only candidates count: an event outside tenant-a's bucket or prefix was never its.
+    assert routed.filtered == Counter({("tenant-a", "plugin:versioning"): 1})
     assert [(instance, key) for _, instance, key in keyed(routed.records)] == [
         ("tenant-a", "kept"),
         ("all", "tenant-a/kept"),
@@ -131,6 +130,23 @@ def test_filtered_counts_by_instance_and_reason() -> None:
         ("all", "tenant-a-archive/x"),
         ("all", "tenant-a/.versions/x/1"),
     ]
+
+
+def test_an_event_no_instance_holds_counts_once_under_no_instance() -> None:
+    """Issue 33: what no instance's bucket and prefix hold is counted once, not per instance."""
+    settings = Settings.model_validate(
+        {
+            "instances": [
+                {"name": f"tenant-{i}", "bucket": "uploads", "prefix": f"tenant-{i}"}
+                for i in range(50)
+            ]
+        }
+    )
+    body = s3_body(s3_record("tenant-7/x"), s3_record("elsewhere/x"), s3_record("x", "other"))
+    routed = route(raw(body, source=b"s3"), None, settings)
+    assert [(instance, key) for _, instance, key in keyed(routed.records)] == [("tenant-7", "x")]
+    assert routed.filtered == Counter({routing.NO_INSTANCE: 2})
+    assert routing.NO_INSTANCE == ("*", "no-instance")
 
 
 def test_a_delivery_without_file_events_routes_nothing() -> None:
@@ -244,7 +260,7 @@ def test_default_source_applies_without_a_source_header() -> None:
     routed = route(raw(MINIO_BODY, topic="minio.events"), None, SETTINGS)
     # bucket "images" is not tenant-a's: only the all-buckets instance keeps it.
     assert keyed(routed.records) == [(b"all/images/tenant-a/a+b.jpg", "all", "tenant-a/a+b.jpg")]
-    assert routed.filtered == Counter({("tenant-a", "bucket"): 1})
+    assert routed.filtered == Counter()  # tenant-a, of another bucket, was never a candidate
     value = routed.records[0].value
     assert value is not None
     assert FileEvent.model_validate_json(value).provider == "minio"

@@ -318,6 +318,13 @@ def test_a_warning_names_the_bucket_bound_instances_without_sources() -> None:
     assert open_instances_warning(instances[1:]) is None
 
 
+def test_the_warning_names_twenty_instances_and_counts_the_others() -> None:
+    instances = [instance(name=f"tenant-{n}", bucket="uploads") for n in range(10_000)]
+    warning = open_instances_warning(instances)
+    assert warning is not None
+    assert "tenant-19 and 9,980 more take one bucket" in warning and "tenant-20," not in warning
+
+
 # --- dot segments leaving the prefix ------------------------------------------------------------
 
 
