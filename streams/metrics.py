@@ -1,14 +1,53 @@
 """Prometheus metrics of the worker, per instance; served on the worker's web port at /metrics.
 
-Every event the stream does not emit is counted here with why: filtered (bucket, prefix or
-plugin), duplicate, stale or dead-lettered.
+Every event the stream does not emit is counted here with why: filtered, duplicate, stale or
+dead-lettered.
+
+`filtered{instance, reason}` counts the events an instance was a candidate for and did not
+keep (streams.core.routing): its bucket (or every bucket) and its prefix hold the event, and
+`topic`, `instance`, `source`, `prefix-escape` or `plugin:<name>` says why it is not its. An
+instance whose bucket or prefix does not hold an event counts nothing for it, so a tenant's
+series grow with what it is sent, not with the number of tenants; an event that no instance's
+bucket and prefix hold counts once, `filtered{instance="*", reason="no-instance"}`.
+
+The per-instance metrics (`emitted`, `duplicates`, `stale`, `filtered`, `latency_seconds`)
+are per instance while at most `stream.instance_metrics_limit` instances are configured (1,000
+by default): with more, each is one series per other label with `instance="*"` (AGGREGATE),
+so that /metrics stays the same size at 10,000 tenants (`start_at_zero` decides, once per
+process).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Generic, TypeVar
 
 from prometheus_client import Counter, Gauge, Histogram
+
+AGGREGATE = "*"
+"""The `instance` label of a per-instance metric aggregated over every instance (and of
+`filtered`'s `no-instance`); no instance's name (names are `[A-Za-z0-9._-]`)."""
+DEFAULT_INSTANCE_METRICS_LIMIT = 1000
+
+_Metric = TypeVar("_Metric", Counter, Histogram)
+
+
+class ByInstance(Generic[_Metric]):
+    """A metric whose first label is the storage instance: `labels(instance, ...)` gives that
+    instance's child while the metrics are per instance, else the `instance="*"` one."""
+
+    per_instance = True
+    """Shared by every ByInstance (set by `start_at_zero`)."""
+
+    def __init__(self, metric: _Metric) -> None:
+        self.metric: _Metric = metric
+
+    def labels(self, instance: str, *rest: str) -> _Metric:
+        child: _Metric = self.metric.labels(
+            instance if ByInstance.per_instance else AGGREGATE, *rest
+        )
+        return child
+
 
 STAGES = ("normalize", "emit")
 REFUSED_OUTCOMES = ("dead-lettered", "dropped")
@@ -19,19 +58,28 @@ RECEIVED = Counter("storage_events_received", "Raw deliveries read from the raw 
 NORMALIZED = Counter(
     "storage_events_normalized", "Canonical events found in raw deliveries", ["source"]
 )
-FILTERED = Counter(
-    "storage_events_filtered", "Events an instance does not keep, by reason", ["instance", "reason"]
+FILTERED = ByInstance(
+    Counter(
+        "storage_events_filtered",
+        "Events an instance whose bucket and prefix hold them does not keep, by reason; "
+        'instance="*", reason="no-instance": events no instance\'s bucket and prefix hold',
+        ["instance", "reason"],
+    )
 )
-EMITTED = Counter(
-    "storage_events_emitted", "Events written to an instance's output topic", ["instance"]
+EMITTED = ByInstance(
+    Counter("storage_events_emitted", "Events written to an instance's output topic", ["instance"])
 )
-DUPLICATES = Counter(
-    "storage_events_duplicates",
-    "Events dropped because their id was seen within the TTL",
-    ["instance"],
+DUPLICATES = ByInstance(
+    Counter(
+        "storage_events_duplicates",
+        "Events dropped because their id was seen within the TTL",
+        ["instance"],
+    )
 )
-STALE = Counter(
-    "storage_events_stale", "Events older than one already emitted for their key", ["instance"]
+STALE = ByInstance(
+    Counter(
+        "storage_events_stale", "Events older than one already emitted for their key", ["instance"]
+    )
 )
 DEAD_LETTERED = Counter(
     "storage_events_dead_lettered", "Records sent to the dead-letter topic", ["stage"]
@@ -53,11 +101,13 @@ SEND_RETRIES = Counter(
     "storage_events_send_retries",
     "Writes to Kafka tried again after a failure: batches, transactions, producer start-ups",
 )
-LATENCY = Histogram(
-    "storage_events_latency_seconds",
-    "From the bridge receiving a delivery to its event being acknowledged on the output topic",
-    ["instance"],
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+LATENCY = ByInstance(
+    Histogram(
+        "storage_events_latency_seconds",
+        "From the bridge receiving a delivery to its event being acknowledged on the output topic",
+        ["instance"],
+        buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+    )
 )
 
 OUTCOME_COUNTERS = {"emitted": EMITTED, "duplicate": DUPLICATES, "stale": STALE}
@@ -100,8 +150,13 @@ RESTORED_RECORDS = Counter(
 )
 
 
-def start_at_zero(instances: Iterable[str], written_topics: Iterable[str]) -> None:
-    """Create, at 0, every series whose labels are known at start-up.
+def start_at_zero(
+    instances: Iterable[str],
+    written_topics: Iterable[str],
+    instance_metrics_limit: int = DEFAULT_INSTANCE_METRICS_LIMIT,
+) -> None:
+    """Create, at 0, every series whose labels are known at start-up; and choose per-instance
+    or aggregated series (`instance_metrics_limit`, the module docstring).
 
     A counter series that first appears with its first increment is invisible to
     `increase()` and `rate()` for that increment: the alerts on dead letters and refused
@@ -112,10 +167,13 @@ def start_at_zero(instances: Iterable[str], written_topics: Iterable[str]) -> No
         UNREADABLE.labels(stage)
         STAGE_STUCK.labels(stage).set(0)
         STALLED_PARTITIONS.labels(stage).set(0)
-    for instance in instances:
+    names = list(instances)
+    ByInstance.per_instance = len(names) <= instance_metrics_limit
+    for instance in names if ByInstance.per_instance else [AGGREGATE]:
         for counter in (EMITTED, DUPLICATES, STALE):
             counter.labels(instance)
         LATENCY.labels(instance)
+    FILTERED.labels(AGGREGATE, "no-instance")
     for topic in written_topics:
         for outcome in REFUSED_OUTCOMES:
             REFUSED.labels(topic, outcome)

@@ -11,6 +11,10 @@ The status view reads the truth from where it lives, so that it cannot disagree 
   changelog records in how long), next to the changelogs' sizes from Kafka;
 * per instance: the time of the last event (the newest record on its output topic) and
   events/s (the workers' `storage_events_emitted_total`, between two reads of `/metrics`).
+  At most `SHOWN_INSTANCES` of them (issue 33: each costs a read of its output topic): with
+  more, the ones that emitted most, and a count of the others. Workers that aggregate their
+  instances' metrics (`stream.instance_metrics_limit`) give no per-instance events/s: one
+  row `*` has them all.
 
 `snapshot` does the I/O; `render` and `progress_line` are pure.
 """
@@ -30,7 +34,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from streams.config import Settings
+from streams.config import InstanceConfig, Settings
 from streams.engine.membership import admin_client, describe, state_name
 from streams.engine.topics import KEYS_TABLE, MARKS_TABLE, SEEN_TABLE, changelog_topic
 from streams.kafka_settings import KafkaSettings
@@ -39,6 +43,10 @@ LAST_RECORDS = 4
 """Offsets read back from each output partition's end to find its newest event: a
 transaction's commit marker takes an offset too, so the last one may be no record."""
 HTTP_TIMEOUT_S = 2.0
+SHOWN_INSTANCES = 50
+"""The most instances the status view lists (module docstring)."""
+AGGREGATE = "*"
+"""The `instance` label of metrics aggregated over every instance (streams.metrics)."""
 STAGES = ("normalize", "emit")
 SampleReader = Callable[[str, dict[str, str]], float | None]
 """A sample's value by its name and labels (None: no such sample)."""
@@ -113,6 +121,8 @@ class Snapshot:
     workers: tuple[WorkerStatus, ...]
     emitted_at: float | None = None
     """When `instances[*].emitted` was read (for the next snapshot's rates)."""
+    more_instances: int = 0
+    """Configured instances not listed (over SHOWN_INSTANCES)."""
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -161,6 +171,21 @@ async def _worker(url: str) -> tuple[WorkerStatus, dict[str, float] | None]:
         WorkerStatus(url, bool(body.get("ready")), None, dict(body.get("stages") or {})),
         totals,
     )
+
+
+def shown_instances(
+    instances: Sequence[InstanceConfig],
+    totals: Mapping[str, float] | None,
+    most: int = SHOWN_INSTANCES,
+) -> list[InstanceConfig]:
+    """Every instance when there are at most `most`; else the `most` that emitted most (by
+    the workers' `totals`; configuration order between equals, and when nothing is known),
+    in configuration order."""
+    if len(instances) <= most:
+        return list(instances)
+    known = totals or {}
+    ranked = sorted(range(len(instances)), key=lambda i: (-known.get(instances[i].name, 0.0), i))
+    return [instances[i] for i in sorted(ranked[:most])]
 
 
 async def workers_emitted(
@@ -324,7 +349,8 @@ async def snapshot(
                 if topic in known:
                     changelogs[topic] = await _offsets_held(consumer, topic, known[topic])
             outputs: list[tuple[str, str, int | None, float | None]] = []
-            for instance in settings.instances:
+            listed = shown_instances(settings.instances, first[0] if first else None)
+            for instance in listed:
                 if instance.output_topic in known:
                     records, newest = await _newest_timestamp(
                         consumer, instance.output_topic, known[instance.output_topic]
@@ -340,8 +366,13 @@ async def snapshot(
         await asyncio.sleep(max(0.0, first[1] + sample_s - time.time()))
     workers, totals, read_at = await workers_emitted(worker_urls)
     instances = []
+    aggregated = totals is not None and AGGREGATE in totals
+    if aggregated:  # one row for them all, the workers' metrics have no other
+        outputs.append((AGGREGATE, "(every instance)", None, None))
     for name, topic, held, newest in outputs:
-        emitted = totals.get(name, 0.0) if totals is not None else None
+        emitted = None
+        if totals is not None and (name == AGGREGATE or not aggregated):
+            emitted = totals.get(name, 0.0)
         rate = None
         if first is not None and first[0] is not None and emitted is not None:
             before = first[0].get(name, 0.0)
@@ -357,6 +388,7 @@ async def snapshot(
         tuple(instances),
         tuple(workers),
         read_at if totals is not None else None,
+        len(settings.instances) - len(listed),
     )
 
 
@@ -464,7 +496,14 @@ def render(snap: Snapshot) -> str:
         rate = "?" if instance.events_per_s is None else f"{instance.events_per_s:.1f}"
         emitted = "?" if instance.emitted is None else f"{instance.emitted:.0f}"
         last = "topic missing" if instance.records is None else _when(instance.last_event_at, now)
+        if instance.name == AGGREGATE:
+            last = "(the workers aggregate their instances' metrics)"
         lines.append(f"  {instance.name:<20} {instance.topic:<40} {rate:>9} {emitted:>9}  {last}")
+    if snap.more_instances:
+        lines.append(
+            f"  ... and {snap.more_instances:,} more instance(s): those that emitted most are "
+            "listed"
+        )
     if not any(worker.ready is not None for worker in snap.workers):
         lines.append("  (events/s and emitted: from the workers' /metrics; none answered)")
     return "\n".join(lines)

@@ -94,6 +94,7 @@ class Pipeline:
         metrics.start_at_zero(
             [instance.name for instance in settings.instances],
             [spec.name for spec in topology(settings) if spec.role != "raw"],
+            stream.instance_metrics_limit,
         )
         self.stalls = {name: StallWatch(self.progress, name) for name in ("normalize", "emit")}
         """Per stage: whether its consumer handles what waits (streams.progress)."""

@@ -3,6 +3,9 @@ screen and the worker's progress line."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from streams.config import InstanceConfig
 from streams.status import (
     GroupStatus,
     InstanceStatus,
@@ -15,6 +18,7 @@ from streams.status import (
     lag_of,
     progress_line,
     render,
+    shown_instances,
 )
 
 MEMBER = "app-emit-0fc6949e-f2cd-4a84-b5a5-2fbf8d71aa11"
@@ -122,3 +126,15 @@ def test_a_kip_848_member_is_shown_by_its_client_or_instance_id() -> None:
     screen = render(Snapshot("kafka:9092", 1_800_000_100.0, (group,), {}, (), ()))
     # Its tag is the id's first 8 characters, as a classic member's is 8 hex digits.
     assert "member Wg9e+fpf worker-0-emit on 10.0.0.7 owns by-key[0]" in screen
+
+
+def test_with_thousands_of_instances_the_view_lists_those_that_emitted_most() -> None:
+    """Issue 33: each listed instance costs a read of its output topic: at most 50."""
+    instances = [InstanceConfig(name=f"tenant-{n}") for n in range(10_000)]
+    totals = {"tenant-9000": 5.0, "tenant-3": 9.0, "tenant-7": 1.0}
+    shown = [instance.name for instance in shown_instances(instances, totals, most=3)]
+    assert shown == ["tenant-3", "tenant-7", "tenant-9000"]  # configuration order
+    assert len(shown_instances(instances, None)) == 50
+    assert [i.name for i in shown_instances(instances[:2], None)] == ["tenant-0", "tenant-1"]
+    snap = replace(snapshot(), more_instances=9_950)
+    assert "... and 9,950 more instance(s): those that emitted most are listed" in render(snap)
