@@ -31,12 +31,19 @@ pairs), three loops read the same input:
 5. the client floor: the pipeline's Kafka and RocksDB calls for each delivery, in its record
    counts and two stages, with no decisions (benchmarks.client_floor): what any CPython worker
    on these clients pays before it does the job's work;
-6. Kafka Streams: the same job on the JVM (benchmarks/kstreams: parse by source with the
-   pipeline's ids, repartition by object key, dedupe and order in two RocksDB stores with
-   changelogs, `exactly_once_v2`), the JVM warmed by an untimed first pass over the same
-   topic. Then the check that it emitted, and put on its stale topic, exactly the ids the
-   pipeline did (against the pipeline's rules, `expected_decisions`, when the pipeline did
-   not run); a mismatch is printed between `!!!` marks.
+6. Kafka Streams: the same job on the JVM (benchmarks/kstreams), writing what the pipeline
+   writes (issue 32 item 1): stage one parses by source into the canonical event with `raw`
+   and the pipeline's ids, applies the bench configuration's instance rules and size bound,
+   and writes the event's JSON to its repartition topic (keyed by instance, bucket and object
+   key) or a dead letter with the pipeline's headers; stage two dedupes and orders on one
+   RocksDB record per key (with a changelog and caching) and writes the event's bytes with
+   the CloudEvents headers to its output or stale topic; `exactly_once_v2`; the JVM warmed by
+   an untimed first pass over the same topic. Then the check that it wrote what the pipeline
+   did (against the pipeline's own functions run in this process, `expected_outputs`, when
+   the pipeline did not run): the same ids on output and stale, each with an equal value
+   (JSON parsed, compared as objects) and the same header names and values (but a dead
+   letter's `error` text), and the same dead letters (`compare_outputs`); one line when so,
+   the differences between `!!!` marks when not (exit status 1).
 
 CPU per delivery: the process's user + system time (/proc/<pid>/stat, all threads) over the
 timed span, divided by the deliveries: the worker's (with its child process, if any), the
@@ -59,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import random
@@ -70,11 +78,13 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from confluent_kafka import Consumer
@@ -98,7 +108,17 @@ from streams.config import StreamConfig, load_settings
 from streams.core.delivery import Delivery
 from streams.core.emitting import KeyedInput, plan_batch
 from streams.core.normalizers import normalize
-from streams.core.records import RawRecord, delivery_from_raw, keyed_record
+from streams.core.records import (
+    OutRecord,
+    RawRecord,
+    dead_letter_record,
+    delivery_from_raw,
+    headers_dict,
+    repeated_headers,
+)
+from streams.core.routing import route
+from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
+from streams.stages.normalize import DECISIVE_HEADERS
 
 PARTITIONS = 4
 PY_SPY = Path(sys.executable).with_name("py-spy")
@@ -250,66 +270,198 @@ def first_deliveries(records: list[Raw]) -> list[bytes]:
     return firsts
 
 
-def expected_decisions(records: list[Raw], batch: int = 1000) -> tuple[set[str], set[str]]:
-    """(emitted ids, stale ids) as the pipeline decides them: every event of the default
-    instance through `streams.core.emitting.plan_batch` (dedupe, then order) in input order, with
-    its state in a dict. The ground truth the Kafka Streams job is checked against."""
+OutputEntry = tuple[bytes, tuple[str, ...], bytes]
+"""One record as the jobs are compared: a digest of its value (parsed JSON, its keys sorted, so
+two values digest alike exactly when they are equal as objects; a dead letter's value as it
+is), its header names in order, and a digest of its header values (but `error`'s, the
+reason in each job's own words)."""
+UNCOMPARED_HEADER_VALUES = frozenset({"error"})
+
+
+def value_digest(value: bytes | None) -> bytes:
+    """The digest of an event's JSON as an object (`OutputEntry`)."""
+    try:
+        parsed = orjson.loads(value or b"null")
+        canonical = orjson.dumps(parsed, option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONDecodeError, TypeError):  # integers past 64 bits, which only json reads
+        canonical = json.dumps(json.loads(value or b"null"), sort_keys=True).encode()
+    return hashlib.sha256(canonical).digest()
+
+
+_NAMES: dict[tuple[str, ...], tuple[str, ...]] = {}
+"""Header name tuples, one object each (a bench run holds hundreds of thousands of records)."""
+
+
+def entry(
+    value: bytes | None, headers: Iterable[tuple[str, bytes | None]], parse: bool
+) -> OutputEntry:
+    listed = [(name, header or b"") for name, header in headers]
+    names = tuple(name for name, _ in listed)
+    values = hashlib.sha256()
+    for name, header in listed:
+        if name not in UNCOMPARED_HEADER_VALUES:
+            values.update(len(header).to_bytes(4, "big") + header)
+    digest = value_digest(value) if parse else hashlib.sha256(value or b"").digest()
+    return digest, _NAMES.setdefault(names, names), values.digest()
+
+
+@dataclass
+class Outputs:
+    """What one job wrote: its output and stale records by `ce_id`, its dead letters (by
+    key, value and headers), and how many ids came twice to one topic."""
+
+    output: dict[str, OutputEntry] = field(default_factory=dict)
+    stale: dict[str, OutputEntry] = field(default_factory=dict)
+    dead_letters: Counter[tuple[bytes | None, OutputEntry]] = field(default_factory=Counter)
+    twice: int = 0
+
+    def add(
+        self, role: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, Any]]
+    ) -> None:
+        if role == "dead-letter":
+            self.dead_letters[(key, entry(value, headers, parse=False))] += 1
+            return
+        ids = self.output if role == "output" else self.stale
+        ce_id = dict(headers)["ce_id"]
+        ce_id = ce_id.decode() if isinstance(ce_id, bytes) else str(ce_id)
+        self.twice += ce_id in ids
+        ids[ce_id] = entry(value, headers, parse=True)
+
+
+def expected_outputs(records: list[Raw], raw_topic: str = "raw", batch: int = 1000) -> Outputs:
+    """What the pipeline writes for `records` read from `raw_topic` with the bench's
+    configuration (`worker_config`), by its own pure functions in this process: stage one's
+    checks and `streams.core.routing.route` per delivery (keyed records and dead letters), then
+    `streams.core.emitting.plan_batch` (dedupe, then order) over the keyed records in input
+    order, with its state in a dict. The ground truth the Kafka Streams job is checked against
+    when the pipeline did not run."""
     with tempfile.TemporaryDirectory(prefix="bench-truth-") as tmp:
-        config, output = worker_config(Path(tmp), "truth", "raw")
+        config, output = worker_config(Path(tmp), "truth", raw_topic)
         settings = load_settings(config, environ={})
+    dead_letter = settings.stream.dead_letter_topic
+    outputs = Outputs()
     inputs: list[KeyedInput] = []
-    for _, value, headers in records:
-        delivery = delivery_from_raw(RawRecord("raw", value, dict(headers)), None)
-        for event in normalize(delivery):
-            keyed = keyed_record("by-key", "default", event, None)
-            inputs.append(
-                KeyedInput("by-key", 0, keyed.key, keyed.value or b"", dict(keyed.headers))
-            )
+
+    def take(record: OutRecord) -> None:
+        if record.topic == dead_letter:
+            outputs.add("dead-letter", record.key, record.value, list(record.headers))
+        elif record.topic == output:
+            outputs.add("output", record.key, record.value, list(record.headers))
+        else:
+            outputs.add("stale", record.key, record.value, list(record.headers))
+
+    for key, value, headers in records:
+        raw = RawRecord(raw_topic, value, headers_dict(headers))
+        repeated = repeated_headers(headers, DECISIVE_HEADERS)
+        if len(value) > RAW_MAX_MESSAGE_BYTES or repeated:  # streams.stages.normalize
+            letter = dead_letter_record(dead_letter, raw, key, "not routed", "normalize")
+            if repeated:
+                added = tuple(h for h in letter.headers if h[0].startswith("error"))
+                letter.headers = (*((name, v or b"") for name, v in headers), *added)
+            take(letter)
+            continue
+        for record in route(raw, key, settings).records:
+            if record.topic == dead_letter:
+                take(record)
+            else:
+                headers_of = dict(record.headers)
+                inputs.append(
+                    KeyedInput(record.topic, 0, record.key, record.value or b"", headers_of)
+                )
     state: dict[tuple[str, int, bytes], bytes] = {}
 
     class DictState:
         def get(self, table: str, partition: int, key: bytes) -> bytes | None:
             return state.get((table, partition, key))
 
-    emitted: set[str] = set()
-    stale: set[str] = set()
     for start in range(0, len(inputs), batch):
         plan = plan_batch(inputs[start : start + batch], settings, DictState(), time.time())
         for record in plan.outputs:
-            ce_id = dict(record.headers)["ce_id"].decode()
-            (emitted if record.topic == output else stale).add(ce_id)
+            take(record)
         for (table, partition), writes in plan.writes.items():
             for key, value in writes.items():
                 state[(table, partition, key)] = value
-    return emitted, stale
+    return outputs
 
 
-def topic_ids(bootstrap: str, topic: str, idle_s: float = 2.0) -> set[str]:
-    """The `ce_id` of every committed record of `topic`, read until it is quiet for `idle_s`
-    (its writer has stopped)."""
+def expected_decisions(records: list[Raw], raw_topic: str = "raw") -> tuple[set[str], set[str]]:
+    """(emitted ids, stale ids) as the pipeline decides them (`expected_outputs`)."""
+    outputs = expected_outputs(records, raw_topic)
+    return set(outputs.output), set(outputs.stale)
+
+
+def read_outputs(
+    bootstrap: str, output: str, stale: str, dead_letter: str, idle_s: float = 2.0
+) -> Outputs:
+    """Every committed record of a job's output, stale and dead-letter topics (those that
+    exist), read until they are quiet for `idle_s` (their writer has stopped)."""
     consumer = Consumer(
         {
             **kafka_settings(bootstrap).librdkafka_config(),
-            "group.id": f"bench-ids-{uuid.uuid4().hex[:8]}",
+            "group.id": f"bench-outputs-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
         }
     )
-    ids: set[str] = set()
+    roles = {output: "output", stale: "stale", dead_letter: "dead-letter"}
+    outputs = Outputs()
     try:
-        consumer.subscribe([topic])
+        existing = consumer.list_topics(timeout=30).topics
+        kstreams.assign_all(consumer, [topic for topic in roles if topic in existing])
         quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < idle_s or not consumer.assignment():
+        while time.monotonic() - quiet_since < idle_s:
             messages = consumer.consume(num_messages=10_000, timeout=0.5)
             if messages:
                 quiet_since = time.monotonic()
             for message in messages:
                 if message.error() is None:
-                    ids.add(kstreams.ce_id(message))
+                    outputs.add(
+                        roles[str(message.topic())],
+                        message.key(),
+                        message.value(),
+                        list(message.headers() or []),
+                    )
     finally:
         consumer.close()
-    return ids
+    return outputs
+
+
+def compare_outputs(streams: Outputs, ours: Outputs) -> list[str]:
+    """How the Kafka Streams job's outputs differ from `ours` (the pipeline's): empty when
+    both wrote the same ids to output and stale, each with an equal value (parsed JSON) and
+    the same header names and values (but `error`), and the same dead letters."""
+    problems: list[str] = []
+    for role in ("output", "stale"):
+        theirs_ids: dict[str, OutputEntry] = getattr(streams, role)
+        ours_ids: dict[str, OutputEntry] = getattr(ours, role)
+        for what, ids in (
+            ("only in kafka-streams", theirs_ids.keys() - ours_ids.keys()),
+            ("only in the pipeline", ours_ids.keys() - theirs_ids.keys()),
+        ):
+            if ids:
+                problems.append(f"{role}: {len(ids):,} ids {what}, e.g. {sorted(ids)[:3]}")
+        both = theirs_ids.keys() & ours_ids.keys()
+        for index, what in ((0, "values"), (1, "header names"), (2, "header values")):
+            differ = sorted(i for i in both if theirs_ids[i][index] != ours_ids[i][index])
+            if differ:
+                example = ""
+                if index == 1:
+                    example = f" ({theirs_ids[differ[0]][1]} vs {ours_ids[differ[0]][1]})"
+                problems.append(
+                    f"{role}: {len(differ):,} ids with other {what}, e.g. {differ[:3]}{example}"
+                )
+    if streams.dead_letters != ours.dead_letters:
+        only_theirs = streams.dead_letters - ours.dead_letters
+        only_ours = ours.dead_letters - streams.dead_letters
+        problems.append(
+            f"dead letters: {sum(only_theirs.values())} only in kafka-streams (e.g. "
+            f"{[(k, e[1]) for k, e in list(only_theirs)[:2]]}), {sum(only_ours.values())} only "
+            f"in the pipeline (e.g. {[(k, e[1]) for k, e in list(only_ours)[:2]]})"
+        )
+    for name, found in (("kafka-streams", streams), ("the pipeline", ours)):
+        if found.twice:
+            problems.append(f"{name} wrote {found.twice} ids twice to one topic")
+    return problems
 
 
 async def create_topics(bootstrap: str, *names: str) -> None:
@@ -498,6 +650,7 @@ class PipelineRun:
     cpu_seconds: float
     output: str
     stale: str
+    dead_letter: str
 
 
 def decided_at(bootstrap: str, topics: list[str], decided: int, timeout_s: float) -> float:
@@ -587,7 +740,8 @@ def run_pipeline(
             flush=True,
         )
         print(stage_breakdown(port), flush=True)
-        return PipelineRun(count / seconds, busy, output, stale)
+        dead_letter = output.replace("bench-out-", "bench-dl-", 1)
+        return PipelineRun(count / seconds, busy, output, stale, dead_letter)
     finally:
         if profiler is not None:
             profiler.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
@@ -705,33 +859,22 @@ floor, the pipeline, the latency run (its own topic), the bare librdkafka loop
 (benchmarks.kstreams)."""
 
 
-def check_same_ids(
-    streams: kstreams.StreamsRun, emitted: set[str], stale: set[str], against: str
-) -> bool:
-    """Print whether the Kafka Streams job emitted and staled exactly `emitted` / `stale`."""
-    same = streams.emitted == emitted and streams.stale == stale
-    if same:
+def check_same_outputs(streams: Outputs, ours: Outputs, against: str) -> bool:
+    """Print whether the Kafka Streams job wrote what `ours` holds (`compare_outputs`): one
+    line when it did, the differences between `!!!` marks when it did not."""
+    problems = compare_outputs(streams, ours)
+    if not problems:
         print(
-            f"same ids: kafka-streams and {against} emitted the same {len(emitted):,} ids "
-            f"and staled the same {len(stale):,}",
+            f"same outputs: kafka-streams and {against} wrote the same {len(ours.output):,} ids "
+            f"to output and {len(ours.stale):,} to stale, equal values (JSON parsed, compared "
+            "as objects, `raw` included), the same header names (and values, but `error`), "
+            f"and the same {sum(ours.dead_letters.values()):,} dead letters",
             flush=True,
         )
         return True
-    print(
-        f"!!! MISMATCH: kafka-streams and {against} decided differently: emitted "
-        f"{len(streams.emitted):,} vs {len(emitted):,} ({len(streams.emitted - emitted):,} only "
-        f"in kafka-streams, {len(emitted - streams.emitted):,} only in {against}); stale "
-        f"{len(streams.stale):,} vs {len(stale):,} !!!",
-        flush=True,
-    )
-    for name, ids in (
-        ("emitted only by kafka-streams", streams.emitted - emitted),
-        (f"emitted only by {against}", emitted - streams.emitted),
-        ("stale only in kafka-streams", streams.stale - stale),
-        (f"stale only in {against}", stale - streams.stale),
-    ):
-        if ids:
-            print(f"!!!   {name}, e.g. {sorted(ids)[:3]}", flush=True)
+    print(f"!!! MISMATCH: kafka-streams and {against} wrote different records !!!", flush=True)
+    for problem in problems:
+        print(f"!!!   {problem}", flush=True)
     return False
 
 
@@ -840,6 +983,9 @@ def main() -> int:
                         distinct,
                         workdir,
                         lambda *names: asyncio.run(create_topics(bootstrap, *names)),
+                        settings=load_settings(
+                            worker_config(workdir, "kstreams", raw_topic)[0], environ={}
+                        ),
                     )
                 )
                 decided = ", ".join(f"{k} {v:,}" for k, v in streams_runs[-1].counts.items())
@@ -893,14 +1039,13 @@ def main() -> int:
         if streams_runs:
             streams = streams_runs[0]
             if pipeline is not None:
-                same = check_same_ids(
-                    streams,
-                    topic_ids(bootstrap, pipeline.output),
-                    topic_ids(bootstrap, pipeline.stale),
-                    "the pipeline",
+                ours = read_outputs(
+                    bootstrap, pipeline.output, pipeline.stale, pipeline.dead_letter
                 )
+                against = "the pipeline"
             else:
-                same = check_same_ids(streams, *expected_decisions(records), "the pipeline's rules")
+                ours, against = expected_outputs(records, raw_topic), "the pipeline's rules"
+            same = check_same_outputs(read_outputs(bootstrap, *streams.topics), ours, against)
     if delays:
         p50 = delays[len(delays) // 2] * 1000
         p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))] * 1000

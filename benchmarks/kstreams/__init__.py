@@ -1,5 +1,10 @@
 """The Kafka Streams contestant of `make bench`: the pipeline's job on the JVM (SameJob.java).
 
+It writes what the pipeline writes (issue 32 item 1): the canonical event with `raw` through
+its repartition topic and on its output and stale topics, the CloudEvents headers, dead
+letters with the pipeline's headers, under the bench configuration's instance rules and size
+bound (`job_args` passes them from the pipeline's own Settings).
+
 `build()` compiles it with Maven on first use (pom.xml beside this file; the same `mvn` and
 ~/.m2 cache as dev/kafka/localkafka.py's broker jars, so offline after the first fetch) into
 ~/.cache/storage-events/kstreams-bench/<hash of the sources>/; `run()` starts one JVM that
@@ -27,6 +32,9 @@ from typing import IO
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, TopicPartition
 
 from benchmarks.harness import kafka_settings
+from streams.config import Settings
+from streams.core.records import CE_DATASCHEMA_BYTES
+from streams.engine.topics import EVENT_MAX_MESSAGE_BYTES
 
 HERE = Path(__file__).resolve().parent
 POM = HERE / "pom.xml"
@@ -83,6 +91,8 @@ class StreamsRun:
     counts: dict[str, int]
     emitted: set[str] = field(default_factory=set)
     stale: set[str] = field(default_factory=set)
+    topics: tuple[str, str, str] = ("", "", "")
+    """Its output, stale and dead-letter topics."""
 
     @property
     def cpu_per_delivery_us(self) -> float:
@@ -117,6 +127,35 @@ def _next(
     raise RuntimeError(f"the Kafka Streams job gave no `{prefix}` line (exit {process.poll()})")
 
 
+def job_args(settings: Settings) -> list[str]:
+    """The job's arguments for what the pipeline reads from `settings`: its one instance's
+    rules (name, bucket, prefix, sources), dedupe TTL and deleted-mark grace, the clock-skew
+    bound, the events a delivery may hold per source, the event records' size bound and the
+    `ce_dataschema` URI."""
+    if len(settings.instances) != 1:
+        raise ValueError("the Kafka Streams job runs the configuration of one instance")
+    instance = settings.instances[0]
+    if instance.plugins:
+        raise ValueError("the Kafka Streams job applies no instance plugins")
+    grace = settings.stream.deleted_mark_grace_s
+    return [
+        f"instance={instance.name}",
+        f"bucket={instance.bucket or ''}",
+        f"prefix={instance.prefix}",
+        f"sources={','.join(instance.sources) if instance.sources is not None else ''}",
+        f"ttl={instance.dedupe_ttl!r}",
+        f"grace={grace if grace is not None else instance.dedupe_ttl!r}",
+        f"skew={settings.stream.max_clock_skew_s!r}",
+        f"dataschema={CE_DATASCHEMA_BYTES.decode()}",
+        f"maxbytes={EVENT_MAX_MESSAGE_BYTES}",
+        *(f"bound.{source}={settings.stream.events_bound(source)}" for source in JOB_SOURCES),
+    ]
+
+
+JOB_SOURCES = ("s3", "gcs", "azure")
+"""The sources the job reads (the bench's deliveries); others are dead-lettered."""
+
+
 def run(
     bootstrap: str,
     raw_topic: str,
@@ -124,15 +163,19 @@ def run(
     decided: int,
     workdir: Path,
     create_topics: Callable[..., None],
+    settings: Settings,
     warm: bool = True,
     timeout_s: float = 1800,
 ) -> StreamsRun:
     """Run the job on `raw_topic` (`deliveries` records, `decided` distinct events: each is
-    emitted or stale once); `create_topics(*names)` makes its sink topics beforehand."""
+    emitted or stale once) with the rules of `settings` (`job_args`); `create_topics(*names)`
+    makes its sink topics beforehand."""
     classpath = build()
     suffix = uuid.uuid4().hex[:8]
     output, stale = f"bench-ks-out-{suffix}", f"bench-ks-stale-{suffix}"
-    names = [output, stale] + ([f"{output}-warm", f"{stale}-warm"] if warm else [])
+    dead_letter = f"bench-ks-dl-{suffix}"
+    sinks = [output, stale, dead_letter]
+    names = sinks + ([f"{sink}-warm" for sink in sinks] if warm else [])
     create_topics(*names)
     log = workdir / f"kstreams-{suffix}.log"
     with log.open("w") as err:
@@ -151,6 +194,8 @@ def run(
                 f"app=bench-ks-{suffix}",
                 f"output={output}",
                 f"stale={stale}",
+                f"deadletter={dead_letter}",
+                *job_args(settings),
                 f"deliveries={deliveries}",
                 f"state={workdir / ('ks-state-' + suffix)}",
                 f"warm={1 if warm else 0}",
@@ -201,6 +246,7 @@ def run(
             counts=counts,
             emitted=ids[output],
             stale=ids[stale],
+            topics=(output, stale, dead_letter),
         )
     finally:
         if consumer is not None:
