@@ -17,6 +17,7 @@ from fileevents.dedupe import (
     DedupeStore,
     DedupeStoreUnavailable,
     MemoryDedupeStore,
+    PerIdDedupeStore,
     RedisDedupeStore,
     dedupe_id,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "MemoryDedupeStore",
     "OnError",
     "Outcome",
+    "PerIdDedupeStore",
     "RedisDedupeStore",
     "RetryPolicy",
     "dedupe_id",

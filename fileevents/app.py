@@ -23,12 +23,12 @@ from aiokafka.structs import ConsumerRecord
 
 from fileevents.codec import UnreadableRecord
 from fileevents.deadletter import DeadLetterWriter, describe
-from fileevents.dedupe import DedupeStore, check_store, store_name
+from fileevents.dedupe import AnyDedupeStore, batching, check_store, store_name
 from fileevents.errors import OnError, log_failure
 from fileevents.metrics import FileEventsMetrics, serve
-from fileevents.partition import PartitionWorker
+from fileevents.partition import Dispatcher, PartitionState, decode_finished
 from fileevents.processing import EventProcessor, Outcome
-from fileevents.registry import H, Registry, Selector, check_timeout
+from fileevents.registry import H, Registry, Selector, check_timeout, handler_name
 from fileevents.retry import RetryPolicy
 from streams.kafka_settings import KafkaAccessError, KafkaSettings, check_access
 
@@ -46,6 +46,10 @@ _UNREADABLE = (CorruptRecordException, UnicodeDecodeError)
 """What `getmany` raises for a record it cannot parse: aiokafka's Python record reader wraps
 the cause in `CorruptRecordException`, its C reader lets a `UnicodeDecodeError` out."""
 
+
+DEFAULT_MAX_CONCURRENCY = 64
+"""How many events run at once by default (over every partition; never two of one key):
+enough for handlers that wait on I/O, few enough for a database's connection pool."""
 
 DEFAULT_HANDLER_TIMEOUT = timedelta(seconds=60)
 """How long one handler run may take unless said otherwise: well under the consumer's
@@ -112,7 +116,7 @@ class FileEvents:
         kafka: KafkaSettings | None = None,
         instance: str | None = None,
         topic: str | None = None,
-        dedupe: DedupeStore | None = None,
+        dedupe: AnyDedupeStore | None = None,
         dedupe_ttl: timedelta = timedelta(hours=24),
         dedupe_legacy_window: timedelta | None = None,
         on_error: OnError = log_failure,
@@ -120,6 +124,7 @@ class FileEvents:
         dead_letter_topic: str | None = None,
         commit_interval: timedelta = timedelta(seconds=1),
         max_buffered: int = 1000,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
         handler_timeout: timedelta | None = DEFAULT_HANDLER_TIMEOUT,
         metrics: FileEventsMetrics | None = None,
         metrics_port: int | None = None,
@@ -140,6 +145,10 @@ class FileEvents:
             raise ValueError("dedupe_legacy_window must not be negative")
         if max_buffered < 1:
             raise ValueError("max_buffered must be at least 1")
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
+            raise TypeError(f"max_concurrency must be an int, got {type(max_concurrency).__name__}")
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1")
         check_timeout("handler_timeout", handler_timeout)
         if metrics_port is not None and not 0 <= metrics_port <= 65535:
             raise ValueError(f"metrics_port must be a TCP port (0-65535), got {metrics_port}")
@@ -156,6 +165,8 @@ class FileEvents:
         self.group_id = group_id
         self.topic = topic
         self.dead_letter_topic = dead_letter_topic or f"{topic}.dead-letter"
+        if dedupe is not None:
+            batching(dedupe)  # a TypeError now, naming what a store needs
         self.dedupe = dedupe
         self.dedupe_ttl = dedupe_ttl
         self.dedupe_legacy_window = (
@@ -166,6 +177,7 @@ class FileEvents:
         self.retry = retry or RetryPolicy()
         self.commit_interval = commit_interval
         self.max_buffered = max_buffered
+        self.max_concurrency = max_concurrency
         self.handler_timeout = handler_timeout
         self.metrics = metrics or FileEventsMetrics()
         """The Prometheus collector of this consumer (see fileevents/metrics.py)."""
@@ -182,9 +194,10 @@ class FileEvents:
         self._run_task: asyncio.Task[Any] | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._processor: EventProcessor | None = None
-        self._workers: dict[TopicPartition, PartitionWorker] = {}
-        self._done: dict[TopicPartition, int] = {}
-        self._committed: dict[TopicPartition, int] = {}
+        self._partitions: dict[TopicPartition, PartitionState] = {}
+        self._dispatcher: Dispatcher | None = None
+        self._committed: dict[TopicPartition, tuple[int, str]] = {}
+        self._outcome_counters: dict[Outcome, Any] = {}
         self._commit_lock = asyncio.Lock()
         self._to_commit = asyncio.Event()
         self._reset_earliest = True
@@ -196,7 +209,18 @@ class FileEvents:
         or `*` for all). Handlers are `async def handler(event)` or
         `async def handler(event, context)`; the context is an `EventContext`.
         `timeout`: how long one run may take (default: `handler_timeout`); past it the
-        handler is cancelled and the run counts as failed (retried, then dead-lettered)."""
+        handler is cancelled and the run counts as failed (retried, then dead-lettered).
+
+        Used without parentheses (`@events.on`), it raises `TypeError` naming the fix: the
+        function would otherwise be taken for the selector and never run."""
+        if callable(selector):
+            name = handler_name(selector)
+            raise TypeError(
+                f'@events.on needs parentheses: write @events.on("*") (every event) or '
+                f'@events.on("created") / @events.on("deleted") above {name}'
+            )
+        if not isinstance(selector, str):
+            raise TypeError(f"on(selector): expected 'created', 'deleted' or '*', got {selector!r}")
         check_timeout(f"on({selector!r}, timeout=...)", timeout)
 
         def register(handler: H) -> H:
@@ -212,16 +236,16 @@ class FileEvents:
     @property
     def assignment(self) -> frozenset[TopicPartition]:
         """The partitions this consumer handles right now (empty when not running)."""
-        return frozenset(self._workers)
+        return frozenset(self._partitions)
 
     # -- running ------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Ask `run` to stop gracefully: fetch no more, finish the event in progress on each
-        partition, commit, return. Safe to call from a signal handler on the loop."""
+        """Ask `run` to stop gracefully: fetch no more, finish the events in progress (their
+        current attempt), commit, return. Safe to call from a signal handler on the loop."""
         self._stop_requested.set()
-        for worker in self._workers.values():
-            worker.request_stop()  # at once: no event starts after this call
+        for state in self._partitions.values():
+            state.stopping.set()  # at once: no event starts after this call
 
     async def run(self) -> None:
         """Consume until `stop()`, SIGTERM or SIGINT (graceful), or cancellation (abrupt:
@@ -334,35 +358,44 @@ class FileEvents:
 
     async def _consume(self, consumer: AIOKafkaConsumer) -> None:
         committer = asyncio.create_task(self._commit_continuously(), name="fileevents:commit")
+        dispatcher = Dispatcher(self._process, self._mark_done, self.max_concurrency, self._skipped)
+        self._dispatcher = dispatcher
         graceful = False
         try:
-            await self._fetch(consumer, committer)
+            await self._fetch(consumer, committer, dispatcher)
             graceful = True
         finally:
             committer.cancel()
             await asyncio.wait([committer])
-            workers = list(self._workers.values())
-            self._workers.clear()
+            states = list(self._partitions.values())
+            self._partitions.clear()
             if graceful:
-                await asyncio.gather(*(worker.stop() for worker in workers))
-            else:
-                await asyncio.gather(*(worker.cancel() for worker in workers))
-            await self._commit()
-            self._done.clear()
+                await dispatcher.drain(states)
+            for state in states:
+                state.stopping.set()
+            await dispatcher.close()  # cancels what still runs (not graceful)
+            self._dispatcher = None
+            await self._commit(states)
             self._committed.clear()
+            self.metrics.in_flight.labels(self.topic, self.group_id).set(0)
 
-    async def _fetch(self, consumer: AIOKafkaConsumer, committer: asyncio.Task[None]) -> None:
-        """Fetch and hand records to their partition's worker until asked to stop."""
+    async def _fetch(
+        self, consumer: AIOKafkaConsumer, committer: asyncio.Task[None], dispatcher: Dispatcher
+    ) -> None:
+        """Fetch and hand records to the dispatcher until asked to stop."""
+        in_flight = self.metrics.in_flight.labels(self.topic, self.group_id)
         while not self._stop_requested.is_set():
             if committer.done():
                 raise RuntimeError("the commit task ended") from committer.exception()
-            for worker in self._workers.values():
-                crash = worker.crash()
-                if crash is not None:
-                    raise RuntimeError(f"the worker of {worker.tp} crashed") from crash
-                if worker.paused and worker.backlog <= self.max_buffered // 2:
-                    consumer.resume(worker.tp)
-                    worker.paused = False
+            crash = dispatcher.crash()
+            if crash is not None:
+                raise RuntimeError("a handler task crashed") from crash
+            in_flight.set(dispatcher.in_flight)
+            for state in self._partitions.values():
+                if state.paused and state.backlog <= self.max_buffered // 2:
+                    consumer.resume(state.tp)
+                    state.paused = False
+                self._lag(consumer, state)
             try:
                 batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS)
             except _UNREADABLE as exc:
@@ -377,17 +410,30 @@ class FileEvents:
         tp: TopicPartition,
         records: list[ConsumerRecord[bytes, bytes]],
     ) -> None:
-        owner = self._workers.get(tp)
-        if owner is None:
+        owner = self._partitions.get(tp)
+        dispatcher = self._dispatcher
+        if owner is None or dispatcher is None:
             # Assigned but not announced yet, or being revoked: not ours to handle
             # now. Fetch them again later rather than skip them.
             with contextlib.suppress(IllegalStateError):
                 consumer.seek(tp, records[0].offset)
             return
-        owner.add(records)
+        dispatcher.add(owner, records)
         if owner.backlog >= self.max_buffered and not owner.paused:
             consumer.pause(tp)
             owner.paused = True
+
+    def _lag(self, consumer: AIOKafkaConsumer, state: PartitionState) -> None:
+        """The partition's lag: records up to its last stable offset not done with yet."""
+        end = consumer.last_stable_offset(state.tp)
+        if end is None or end < 0:
+            end = consumer.highwater(state.tp)
+        point = state.commit_point()
+        if end is None or point is None:
+            return
+        self.metrics.lag.labels(self.topic, self.group_id, str(state.tp.partition)).set(
+            max(0, end - point)
+        )
 
     async def _step_past_unreadable(self, consumer: AIOKafkaConsumer, error: Exception) -> None:
         """aiokafka could not parse a fetched record (a header name that is not UTF-8, a
@@ -398,10 +444,10 @@ class FileEvents:
         the unreadable record's, which goes to its worker as an `UnreadableRecord` (and so
         to the dead-letter topic, in offset order, then committed)."""
         logger.warning("a fetched record cannot be read (%s): reading one at a time", error)
-        for tp, worker in list(self._workers.items()):
+        for tp, state in list(self._partitions.items()):
             with contextlib.suppress(IllegalStateError):
-                if worker.next_offset >= 0:
-                    consumer.seek(tp, worker.next_offset)
+                if state.next_offset >= 0:
+                    consumer.seek(tp, state.next_offset)
                     continue
                 # Nothing queued yet: where this member started, the group's offset.
                 committed = (await consumer.seek_to_committed(tp)).get(tp)
@@ -409,7 +455,7 @@ class FileEvents:
                     consumer.seek(tp, 0)
                 elif committed is None and self._reset_earliest:
                     await consumer.seek_to_beginning(tp)
-        for tp in list(self._workers):
+        for tp in list(self._partitions):
             await self._read_carefully(consumer, tp)
 
     async def _read_carefully(self, consumer: AIOKafkaConsumer, tp: TopicPartition) -> None:
@@ -417,8 +463,8 @@ class FileEvents:
         failed: list[int] = []
         reason = ""
         for _ in range(self.max_buffered + 1):
-            worker = self._workers.get(tp)
-            if worker is None or worker.paused or self._stop_requested.is_set():
+            state = self._partitions.get(tp)
+            if state is None or state.paused or self._stop_requested.is_set():
                 return
             try:
                 position = await consumer.position(tp)
@@ -435,24 +481,34 @@ class FileEvents:
                 return  # revoked meanwhile
             records = batches.get(tp, [])
             if failed:
-                worker.add([UnreadableRecord.at(tp, failed[0], failed[-1], reason)])
+                self._hand_out(
+                    consumer, tp, [UnreadableRecord.at(tp, failed[0], failed[-1], reason)]
+                )
                 failed = []
             if not records:
                 return
             self._hand_out(consumer, tp, records)
-        worker = self._workers.get(tp)
-        if failed and worker is not None:
-            worker.add([UnreadableRecord.at(tp, failed[0], failed[-1], reason)])
+        if failed and tp in self._partitions:
+            self._hand_out(consumer, tp, [UnreadableRecord.at(tp, failed[0], failed[-1], reason)])
 
     async def _process(self, record: ConsumerRecord[bytes, bytes], stopping: asyncio.Event) -> bool:
         assert self._processor is not None
         outcome = await self._processor.process(record, stopping)
-        self.outcomes[outcome.value] += 1
-        self.metrics.records.labels(self.topic, self.group_id, outcome.value).inc()
+        self._count(outcome)
         return outcome is not Outcome.INTERRUPTED
 
-    def _mark_done(self, tp: TopicPartition, next_offset: int) -> None:
-        self._done[tp] = next_offset
+    def _count(self, outcome: Outcome, records: int = 1) -> None:
+        self.outcomes[outcome.value] += records
+        counter = self._outcome_counters.get(outcome)
+        if counter is None:
+            counter = self.metrics.records.labels(self.topic, self.group_id, outcome.value)
+            self._outcome_counters[outcome] = counter
+        counter.inc(records)
+
+    def _skipped(self, records: int) -> None:
+        self._count(Outcome.DONE_BEFORE, records)
+
+    def _mark_done(self, _state: PartitionState) -> None:
         self._to_commit.set()
 
     # -- commits and rebalances ---------------------------------------------------------
@@ -465,21 +521,22 @@ class FileEvents:
             await self._commit()
             await asyncio.sleep(self.commit_interval.total_seconds())  # a rate limit only
 
-    async def _commit(self, partitions: Collection[TopicPartition] | None = None) -> None:
-        """Commit the next offset after the last done record of each (or each given)
-        partition; the records before it on that partition are all done too."""
+    async def _commit(self, states: Collection[PartitionState] | None = None) -> None:
+        """Commit, for each partition (or each of `states`), the lowest offset not done with
+        yet, with the offsets done above it in the commit's metadata (fileevents.partition)."""
         consumer = self._consumer
         if consumer is None:
             return
         async with self._commit_lock:
             assigned = consumer.assignment()
-            offsets = {
-                tp: offset
-                for tp, offset in self._done.items()
-                if (partitions is None or tp in partitions)
-                and tp in assigned
-                and self._committed.get(tp) != offset
-            }
+            offsets: dict[TopicPartition, tuple[int, str]] = {}
+            for state in self._partitions.values() if states is None else states:
+                point = state.commit_point()
+                if point is None or state.tp not in assigned:
+                    continue
+                commit = (point, state.metadata())
+                if self._committed.get(state.tp) != commit:
+                    offsets[state.tp] = commit
             if not offsets:
                 return
             try:
@@ -494,22 +551,48 @@ class FileEvents:
     async def _revoked(self, revoked: set[TopicPartition]) -> None:
         """Before a rebalance hands `revoked` to others: finish, commit, forget them.
 
-        The workers leave `_workers` before anything is awaited, so the fetch loop hands them
-        nothing more; records they had queued but not handled are simply not committed."""
-        workers = [self._workers.pop(tp) for tp in revoked if tp in self._workers]
-        await asyncio.gather(*(worker.stop() for worker in workers))
-        await self._commit(revoked)
+        The partitions leave `_partitions` before anything is awaited, so the fetch loop
+        hands them nothing more; records queued but not started are simply not committed."""
+        states = [self._partitions.pop(tp) for tp in revoked if tp in self._partitions]
+        if self._dispatcher is not None:
+            await self._dispatcher.drain(states)
+        await self._commit(states)
         for tp in revoked:
-            self._done.pop(tp, None)
             self._committed.pop(tp, None)
+            with contextlib.suppress(KeyError):
+                self.metrics.lag.remove(self.topic, self.group_id, str(tp.partition))
 
-    def _assigned(self, assigned: set[TopicPartition]) -> None:
-        """After a rebalance: one worker per partition, starting at its committed offset."""
+    async def _assigned(self, assigned: set[TopicPartition]) -> None:
+        """After a rebalance: the new partitions, each starting at its committed offset and
+        skipping the offsets its commit metadata records as done (fileevents.partition)."""
         if self._stop_requested.is_set():
             return  # stopping: nothing more will be handed out
-        for tp in assigned:
-            if tp not in self._workers:
-                self._workers[tp] = PartitionWorker(tp, self._process, self._mark_done)
+        new = [tp for tp in assigned if tp not in self._partitions]
+        done_before = await self._done_before(new)
+        for tp in new:
+            if tp not in self._partitions:
+                self._partitions[tp] = PartitionState(tp, done_before.get(tp))
+
+    async def _done_before(
+        self, partitions: list[TopicPartition]
+    ) -> dict[TopicPartition, set[int]]:
+        """Per partition, the offsets above its committed one that its commit's metadata
+        records as done with; nothing where it cannot be read (then they run again)."""
+        consumer = self._consumer
+        coordinator = getattr(consumer, "_coordinator", None)  # aiokafka has no public call
+        if not partitions or coordinator is None:
+            return {}
+        try:
+            committed = await coordinator.fetch_committed_offsets(partitions)
+        except Exception as exc:  # at least once still holds: they are run again
+            logger.warning("could not read the commit metadata of %s (%s)", partitions, exc)
+            return {}
+        found: dict[TopicPartition, set[int]] = {}
+        for tp, offset_and_metadata in committed.items():
+            offsets = decode_finished(offset_and_metadata.offset, offset_and_metadata.metadata)
+            if offsets:
+                found[tp] = offsets
+        return found
 
     @contextlib.contextmanager
     def _signals(self) -> Iterator[None]:
@@ -548,4 +631,4 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         await self._events._revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._events._assigned(assigned)
+        await self._events._assigned(assigned)

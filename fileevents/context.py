@@ -34,7 +34,9 @@ class EventContext:
         return None if found is None else found.decode("utf-8", errors="replace")
 
     @classmethod
-    def of(cls, record: ConsumerRecord[bytes, bytes], group_id: str) -> EventContext:
+    def of(
+        cls, record: ConsumerRecord[bytes, bytes], group_id: str, attempt: int = 1
+    ) -> EventContext:
         """The context of a record just read, whatever it holds: never raises.
 
         Handlers only see records whose key is UTF-8 and whose headers all have a value
@@ -55,4 +57,5 @@ class EventContext:
             ),
             timestamp_ms=record.timestamp,
             group_id=group_id,
+            attempt=attempt,
         )

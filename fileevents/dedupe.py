@@ -1,7 +1,10 @@
 """Dedupe stores: remember which events a consumer group has fully handled, for a while.
 
-The library asks `has(id)` before running an event's handlers and calls `add(id, ttl)` once
-they all succeeded; an event that failed is never added, so a redelivery runs it again. The
+The library asks whether the store holds an event's id before running its handlers and
+records it once they all succeeded; an event that failed is never recorded, so a
+redelivery runs it again. It asks in batches: the events running at once (up to
+`max_concurrency`) are looked up together (`has_many`) and recorded together (`add_many`),
+one round trip each for a Redis store, every id still its own conditional write. The
 id it passes is `<group_id>|<scope>|<event.id>` (`dedupe_id`): groups sharing one store never
 skip each other's events, and one provider's ids never meet another's. The scope is the one
 the stream dedupes in (streams.core.ordering `scope`: the provider, narrowed to the Azure
@@ -19,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from redis.asyncio import Redis, RedisCluster
 
@@ -45,16 +48,137 @@ def legacy_dedupe_id(group_id: str, event: FileEvent) -> str:
     return f"{group_id}:{event.id}"
 
 
+@runtime_checkable
 class DedupeStore(Protocol):
-    """What `FileEvents(dedupe=...)` needs: a set of ids whose members expire."""
+    """What `FileEvents(dedupe=...)` needs: a set of ids whose members expire, read and
+    written many ids at a time."""
 
-    async def has(self, event_id: str) -> bool:
-        """True when `event_id` was added and has not expired yet."""
+    async def has_many(self, event_ids: Sequence[str]) -> list[bool]:
+        """For each id, in order: True when it was added and has not expired yet."""
         ...
 
-    async def add(self, event_id: str, ttl: timedelta) -> None:
-        """Remember `event_id` for `ttl`; adding an id already present changes nothing."""
+    async def add_many(self, event_ids: Sequence[str], ttl: timedelta) -> None:
+        """Remember each id for `ttl`; adding an id already present changes nothing (a
+        conditional write per id: it neither rewrites it nor lengthens its TTL)."""
         ...
+
+
+class PerIdDedupeStore(Protocol):
+    """The store interface before batches (`has(id)`, `add(id, ttl)`): still accepted,
+    asked one id at a time (concurrently, for the events running at once)."""
+
+    async def has(self, event_id: str) -> bool: ...
+
+    async def add(self, event_id: str, ttl: timedelta) -> None: ...
+
+
+AnyDedupeStore = DedupeStore | PerIdDedupeStore
+"""What `FileEvents(dedupe=...)` takes."""
+
+
+class _PerIdAdapter:
+    """A `PerIdDedupeStore` as a `DedupeStore`: the ids of a batch asked concurrently."""
+
+    def __init__(self, store: PerIdDedupeStore) -> None:
+        self.store = store
+
+    async def has_many(self, event_ids: Sequence[str]) -> list[bool]:
+        return list(await asyncio.gather(*(self.store.has(one) for one in event_ids)))
+
+    async def add_many(self, event_ids: Sequence[str], ttl: timedelta) -> None:
+        await asyncio.gather(*(self.store.add(one, ttl) for one in event_ids))
+
+
+def batching(store: AnyDedupeStore) -> DedupeStore:
+    """`store` as the batch interface (adapted when it has only `has` and `add`)."""
+    if isinstance(store, DedupeStore):
+        return store
+    if callable(getattr(store, "has", None)) and callable(getattr(store, "add", None)):
+        return _PerIdAdapter(store)
+    raise TypeError(
+        f"dedupe={type(store).__name__}: a dedupe store has async has_many(ids) and "
+        "add_many(ids, ttl) (fileevents.DedupeStore), or async has(id) and add(id, ttl)"
+    )
+
+
+class DedupeBatcher:
+    """Gathers the lookups and records of the events running at once into one `has_many`
+    and one `add_many` each: a request waits at most until the event loop's next turn.
+
+    A failed batch fails each of its requests (the processor retries each, and those
+    retries batch again)."""
+
+    def __init__(self, store: AnyDedupeStore, ttl: timedelta, max_batch: int = 512) -> None:
+        self.store = batching(store)
+        self._ttl = ttl
+        self._max_batch = max_batch
+        self._lookups: list[tuple[tuple[str, ...], asyncio.Future[bool]]] = []
+        self._records: list[tuple[str, asyncio.Future[None]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def seen(self, *event_ids: str) -> asyncio.Future[bool]:
+        """True when the store holds any of `event_ids` (one event's id, and within the
+        upgrade window its id before scopes)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if not self._lookups:
+            asyncio.get_running_loop().call_soon(self._flush_lookups)
+        self._lookups.append((event_ids, future))
+        return future
+
+    def record(self, event_id: str) -> asyncio.Future[None]:
+        """Done once the store holds `event_id` (for the TTL)."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self._records:
+            asyncio.get_running_loop().call_soon(self._flush_records)
+        self._records.append((event_id, future))
+        return future
+
+    def _flush_lookups(self) -> None:
+        pending, self._lookups = self._lookups, []
+        for start in range(0, len(pending), self._max_batch):
+            self._spawn(self._look_up(pending[start : start + self._max_batch]))
+
+    def _flush_records(self) -> None:
+        pending, self._records = self._records, []
+        for start in range(0, len(pending), self._max_batch):
+            self._spawn(self._record(pending[start : start + self._max_batch]))
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)  # held until done: the loop keeps weak references only
+        task.add_done_callback(self._tasks.discard)
+
+    async def _look_up(self, batch: list[tuple[tuple[str, ...], asyncio.Future[bool]]]) -> None:
+        ids = [one for event_ids, _ in batch for one in event_ids]
+        try:
+            found = await self.store.has_many(ids)
+            if len(found) != len(ids):
+                raise RuntimeError(
+                    f"{type(self.store).__name__}.has_many answered {len(found)} of {len(ids)}"
+                )
+        except Exception as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        at = 0
+        for event_ids, future in batch:
+            hit = any(found[at : at + len(event_ids)])
+            at += len(event_ids)
+            if not future.done():
+                future.set_result(hit)
+
+    async def _record(self, batch: list[tuple[str, asyncio.Future[None]]]) -> None:
+        try:
+            await self.store.add_many([event_id for event_id, _ in batch], self._ttl)
+        except Exception as exc:
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for _, future in batch:
+            if not future.done():
+                future.set_result(None)
 
 
 class DedupeStoreUnavailable(ConnectionError):
@@ -67,8 +191,10 @@ START_UP_CHECK_S = 10.0
 """How long the start-up check waits for the store's answer."""
 
 
-def store_name(store: DedupeStore) -> str:
+def store_name(store: AnyDedupeStore) -> str:
     """The store as a log line names it: its class, and for Redis where it connects."""
+    if isinstance(store, _PerIdAdapter):
+        return store_name(store.store)
     name = type(store).__name__
     client = getattr(store, "_redis", None)
     pool = getattr(client, "connection_pool", None)
@@ -80,11 +206,12 @@ def store_name(store: DedupeStore) -> str:
     return name
 
 
-async def check_store(store: DedupeStore, timeout_s: float = START_UP_CHECK_S) -> None:
-    """One lookup, as the first event would make it; `DedupeStoreUnavailable` when it fails
+async def check_store(store: AnyDedupeStore, timeout_s: float = START_UP_CHECK_S) -> None:
+    """One lookup, as the first events would make it; `DedupeStoreUnavailable` when it fails
     or takes longer than `timeout_s`."""
     try:
-        await asyncio.wait_for(store.has("fileevents:start-up-check"), timeout_s)
+        lookup = batching(store).has_many(["fileevents:start-up-check"])
+        await asyncio.wait_for(lookup, timeout_s)
     except Exception as exc:
         reason = (
             f"no answer within {timeout_s:g} s"
@@ -126,12 +253,30 @@ class MemoryDedupeStore:
         return True
 
     async def add(self, event_id: str, ttl: timedelta) -> None:
+        await self.add_many((event_id,), ttl)
+
+    async def has_many(self, event_ids: Sequence[str]) -> list[bool]:
         now = self._clock()
-        if self._expiry.get(event_id, 0.0) <= now:
-            self._expiry[event_id] = now + ttl_ms(ttl) / 1000
-        self._adds += 1
-        if self._adds % _SWEEP_EVERY == 0:
-            self._expiry = {key: at for key, at in self._expiry.items() if at > now}
+        expiry = self._expiry
+        found = []
+        for event_id in event_ids:
+            at = expiry.get(event_id)
+            if at is not None and at <= now:
+                del expiry[event_id]
+                at = None
+            found.append(at is not None)
+        return found
+
+    async def add_many(self, event_ids: Sequence[str], ttl: timedelta) -> None:
+        now = self._clock()
+        until = now + ttl_ms(ttl) / 1000
+        expiry = self._expiry
+        for event_id in event_ids:
+            if expiry.get(event_id, 0.0) <= now:
+                expiry[event_id] = until
+            self._adds += 1
+            if self._adds % _SWEEP_EVERY == 0:
+                self._expiry = expiry = {key: at for key, at in expiry.items() if at > now}
 
     def __len__(self) -> int:
         """How many ids are held, expired ones not swept yet included."""
@@ -142,7 +287,9 @@ class RedisDedupeStore:
     """Ids as Redis keys with a TTL (`SET <prefix><id> 1 PX <ttl> NX`), via `redis.asyncio`.
 
     Redis expires them itself, so the store stays bounded by the TTL. Several consumers
-    (processes, hosts) of one group share what they handled through it.
+    (processes, hosts) of one group share what they handled through it. A batch is one
+    pipeline (no MULTI: one round trip, each id its own `EXISTS` or conditional `SET`;
+    on a cluster, redis-py splits it per node).
     """
 
     def __init__(self, redis: Redis | RedisCluster, prefix: str = "fileevents:seen:") -> None:
@@ -160,3 +307,20 @@ class RedisDedupeStore:
     async def add(self, event_id: str, ttl: timedelta) -> None:
         # NX: a second add neither rewrites the value nor extends the first one's TTL.
         await self._redis.set(self.redis_key(event_id), b"1", px=ttl_ms(ttl), nx=True)
+
+    async def has_many(self, event_ids: Sequence[str]) -> list[bool]:
+        if not event_ids:
+            return []
+        pipeline = self._redis.pipeline(transaction=False)
+        for event_id in event_ids:
+            pipeline.exists(self._prefix + event_id)
+        return [bool(found) for found in await pipeline.execute()]
+
+    async def add_many(self, event_ids: Sequence[str], ttl: timedelta) -> None:
+        if not event_ids:
+            return
+        milliseconds = ttl_ms(ttl)
+        pipeline = self._redis.pipeline(transaction=False)
+        for event_id in event_ids:
+            pipeline.set(self._prefix + event_id, b"1", px=milliseconds, nx=True)
+        await pipeline.execute()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -36,6 +36,8 @@ class FileEventsMetrics(Collector):
     failures followed by a retry (`fileevents_retried_total`), records dead-lettered
     (`fileevents_dead_lettered_total`), and the duration of every run
     (`fileevents_handler_seconds`). Per record: its `Outcome` (`fileevents_records_total`).
+    Per assigned partition: records up to its last stable offset not done with yet
+    (`fileevents_lag`); and events running right now (`fileevents_in_flight`).
     """
 
     def __init__(self) -> None:
@@ -83,6 +85,18 @@ class FileEventsMetrics(Collector):
             ("topic", "group", "outcome"),
             registry=None,
         )
+        self.lag = Gauge(
+            "fileevents_lag",
+            "Records of an assigned partition, up to its last stable offset, not done with yet",
+            ("topic", "group", "partition"),
+            registry=None,
+        )
+        self.in_flight = Gauge(
+            "fileevents_in_flight",
+            "Events whose handlers are running right now (at most max_concurrency)",
+            ("topic", "group"),
+            registry=None,
+        )
         self._all = (
             self.handled,
             self.failed,
@@ -91,6 +105,8 @@ class FileEventsMetrics(Collector):
             self.dead_lettered,
             self.handler_seconds,
             self.records,
+            self.lag,
+            self.in_flight,
         )
 
     def start_at_zero(
@@ -107,6 +123,7 @@ class FileEventsMetrics(Collector):
         self.dead_lettered.labels(topic, group, DECODE)
         for outcome in outcomes:
             self.records.labels(topic, group, outcome)
+        self.in_flight.labels(topic, group)
 
     def collect(self) -> Iterator[Metric]:
         for metric in self._all:

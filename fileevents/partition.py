@@ -1,12 +1,22 @@
-"""One task per assigned partition: its records strictly in offset order, one at a time.
+"""Per-key concurrency: events of different keys run at once, never two of one key.
 
-Every event of one object key is on one partition (the stream keys its output by object
-key), so this is what keeps two events of one key from ever being handled at once.
+The stream keys its output by object key, so every event of one key is on one partition and
+in order there. `Dispatcher` runs up to `max_concurrency` events at a time over every
+assigned partition: each partition's records are queued per key (a lane), and a lane hands
+out its next record only once the one before it is done with. A record that is slow, or
+failing and waiting for its retry, holds back its own key alone.
+
+Offsets: `PartitionState` keeps the records handed out and not yet retired, in offset order.
+The offset to commit is the lowest one not done with yet (or, when all are, the one after the
+last); the ones done above it are recorded in the commit's metadata (`encode_finished`), and
+a member that starts on the partition again skips them (`decode_finished`), so a restart
+redoes only the events that were in progress, as in Confluent's Parallel Consumer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 
@@ -15,24 +25,78 @@ from aiokafka.structs import ConsumerRecord
 
 Process = Callable[[ConsumerRecord[bytes, bytes], asyncio.Event], Awaitable[bool]]
 """Handle one record; False when stopped before it was done (it must not be committed)."""
-OnDone = Callable[[TopicPartition, int], None]
-"""Told the next offset to commit each time a record is done with."""
+OnDone = Callable[["PartitionState"], None]
+"""Told each time a record of a partition is done with."""
+OnSkipped = Callable[[int], None]
+"""Told how many records were skipped as done before a restart."""
+
+METADATA_PREFIX = "fileevents:1:"
+"""What starts commit metadata this library wrote (a version, then the finished offsets)."""
+MAX_METADATA_BYTES = 3000
+"""The longest bitmap of finished offsets a commit carries (base64 makes it 4,000 bytes of
+metadata, under the broker's default `offset.metadata.max.bytes` of 4,096): 24,000 offsets
+above the commit point. Past that, the highest finished ones are not recorded (a restart
+runs them again), never the other way round."""
+
+RUN, QUEUED_ALREADY, DONE_BEFORE = 0, 1, 2
+"""What `PartitionState.queue` did with a record."""
 
 
-class PartitionWorker:
-    """Handles the records fetched for one partition, in order; stops between records."""
+def encode_finished(commit: int, finished: Iterable[int]) -> str:
+    """Commit metadata saying which offsets above `commit` are done with: bit i of the
+    bitmap is offset `commit + 1 + i` (`commit` itself is not done, or it would be past)."""
+    bits = 0
+    limit = MAX_METADATA_BYTES * 8
+    for offset in finished:
+        index = offset - commit - 1
+        if 0 <= index < limit:
+            bits |= 1 << index
+    if not bits:
+        return ""
+    raw = bits.to_bytes((bits.bit_length() + 7) // 8, "little")
+    return METADATA_PREFIX + base64.urlsafe_b64encode(raw).decode("ascii")
 
-    def __init__(self, tp: TopicPartition, process: Process, on_done: OnDone) -> None:
+
+def decode_finished(commit: int, metadata: str | None) -> set[int]:
+    """The offsets `encode_finished(commit, ...)` recorded in `metadata`; empty for metadata
+    of any other form (another tool's commit, or none)."""
+    if not metadata or not metadata.startswith(METADATA_PREFIX):
+        return set()
+    try:
+        raw = base64.urlsafe_b64decode(metadata[len(METADATA_PREFIX) :].encode("ascii"))
+    except (ValueError, UnicodeEncodeError):
+        return set()
+    bits = int.from_bytes(raw[:MAX_METADATA_BYTES], "little")
+    found: set[int] = set()
+    index = 0
+    while bits:
+        if bits & 1:
+            found.add(commit + 1 + index)
+        bits >>= 1
+        index += 1
+    return found
+
+
+class PartitionState:
+    """One assigned partition: its records by key, its offsets handed out and not retired."""
+
+    def __init__(self, tp: TopicPartition, done_before: set[int] | None = None) -> None:
         self.tp = tp
         self.paused = False
         """Set by the fetch loop while it has paused fetching this partition."""
-        self._process = process
-        self._on_done = on_done
-        self._records: deque[ConsumerRecord[bytes, bytes]] = deque()
+        self.stopping = asyncio.Event()
+        """Set on revoke and stop: no record of it starts any more."""
+        self.lanes: dict[bytes | None, deque[ConsumerRecord[bytes, bytes]]] = {}
+        """Per record key, its records not done with yet, in order (the first may be running)."""
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._offsets: deque[int] = deque()
+        """Offsets handed out and not retired, ascending; the first is not done yet."""
+        self._finished: set[int] = set()
+        """Offsets done with, above the first of `_offsets`."""
         self._next_offset = -1
-        self._wake = asyncio.Event()
-        self._stopping = asyncio.Event()
-        self._task = asyncio.create_task(self._run(), name=f"fileevents:{tp.topic}[{tp.partition}]")
+        self._done_before = done_before or set()
 
     @property
     def next_offset(self) -> int:
@@ -41,50 +105,148 @@ class PartitionWorker:
 
     @property
     def backlog(self) -> int:
-        """Records fetched and not handled yet."""
-        return len(self._records)
+        """Records handed out and not retired (running, waiting, or done above the first
+        unfinished one): what `max_buffered` bounds."""
+        return len(self._offsets)
 
-    def add(self, records: Iterable[ConsumerRecord[bytes, bytes]]) -> None:
-        """Queue fetched records; ones at offsets already handled are ignored."""
+    def commit_point(self) -> int | None:
+        """The offset to commit: the lowest not done with, else the next one; None before
+        anything was queued."""
+        if self._offsets:
+            return self._offsets[0]
+        return None if self._next_offset < 0 else self._next_offset
+
+    def metadata(self) -> str:
+        """The commit metadata recording the offsets done above `commit_point`."""
+        point = self.commit_point()
+        if point is None or not self._finished:
+            return ""
+        return encode_finished(point, self._finished)
+
+    def queue(self, record: ConsumerRecord[bytes, bytes]) -> int:
+        """Take `record` (fetched in offset order): `RUN` it, or not (`QUEUED_ALREADY`), or
+        `DONE_BEFORE` a restart (it counts as done at once)."""
+        offset = record.offset
+        if offset < self._next_offset:
+            return QUEUED_ALREADY
+        self._next_offset = offset + 1
+        self._offsets.append(offset)
+        if self._done_before and offset in self._done_before:
+            self._done_before.discard(offset)
+            self.finish(offset)
+            return DONE_BEFORE
+        return RUN
+
+    def finish(self, offset: int) -> None:
+        """`offset` is done with: retire it and every done one right after it."""
+        offsets = self._offsets
+        if offsets and offsets[0] == offset:
+            offsets.popleft()
+            finished = self._finished
+            while offsets and offsets[0] in finished:
+                finished.discard(offsets.popleft())
+        else:
+            self._finished.add(offset)
+
+
+class Dispatcher:
+    """Up to `max_concurrency` records at once, over every partition, one per key at a time."""
+
+    def __init__(
+        self, process: Process, on_done: OnDone, max_concurrency: int, on_skipped: OnSkipped
+    ) -> None:
+        self._process = process
+        self._on_done = on_done
+        self._on_skipped = on_skipped
+        self._ready: deque[tuple[PartitionState, bytes | None]] = deque()
+        """Lanes whose first record may start now (each lane here at most once)."""
+        self._wake = asyncio.Event()
+        self._stopped = False
+        self.in_flight = 0
+        """Records being run right now, over every partition."""
+        self._tasks = [
+            asyncio.create_task(self._work(), name=f"fileevents:handler-{index}")
+            for index in range(max_concurrency)
+        ]
+
+    def add(self, state: PartitionState, records: Iterable[ConsumerRecord[bytes, bytes]]) -> None:
+        """Queue fetched records of `state`'s partition, in offset order."""
+        lanes, ready = state.lanes, self._ready
+        skipped = 0
         for record in records:
-            if record.offset >= self._next_offset:
-                self._records.append(record)
-                self._next_offset = record.offset + 1
-        self._wake.set()
+            taken = state.queue(record)
+            if taken != RUN:
+                skipped += taken == DONE_BEFORE
+                continue
+            key = record.key
+            lane = lanes.get(key)
+            if lane is None:
+                lanes[key] = deque((record,))
+                ready.append((state, key))
+            else:
+                lane.append(record)
+        if skipped:
+            self._on_skipped(skipped)
+            self._on_done(state)
+        if ready:
+            self._wake.set()
 
     def crash(self) -> BaseException | None:
-        """Why the task ended if it did so unasked (a bug, or a handler leaking a
-        cancellation): the partition would stall, so the fetch loop raises it."""
-        if not self._task.done() or self._stopping.is_set():
+        """Why a task ended unasked (a bug, or a handler leaking a cancellation)."""
+        if self._stopped:
             return None
-        if self._task.cancelled():
-            return asyncio.CancelledError(f"the worker of {self.tp} was cancelled")
-        return self._task.exception() or RuntimeError(f"the worker of {self.tp} ended")
+        for task in self._tasks:
+            if task.done():
+                if task.cancelled():
+                    return asyncio.CancelledError("a handler task was cancelled")
+                return task.exception() or RuntimeError("a handler task ended")
+        return None
 
-    def request_stop(self) -> None:
-        """From now on, start no record; the one in progress finishes its current attempt."""
-        self._stopping.set()
-        self._wake.set()
+    async def drain(self, states: Iterable[PartitionState]) -> None:
+        """Start no more records of `states`; return once the ones running are finished
+        (their current attempt: `stopping` is set)."""
+        states = list(states)
+        for state in states:
+            state.stopping.set()
+        for state in states:
+            await state.idle.wait()
 
-    async def stop(self) -> None:
-        """`request_stop`, then return once the record in progress is finished."""
-        self.request_stop()
-        await asyncio.wait([self._task])
+    async def close(self) -> None:
+        """End the tasks (once every partition is drained, or to cancel what runs)."""
+        self._stopped = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.wait(self._tasks)
 
-    async def cancel(self) -> None:
-        """Interrupt the handler in progress at once; its record stays uncommitted."""
-        self._stopping.set()
-        self._task.cancel()
-        await asyncio.wait([self._task])
-
-    async def _run(self) -> None:
-        while not self._stopping.is_set():
-            if not self._records:
+    async def _work(self) -> None:
+        ready = self._ready
+        while True:
+            if not ready:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            record = self._records[0]
-            if not await self._process(record, self._stopping):
-                return
-            self._records.popleft()
-            self._on_done(self.tp, record.offset + 1)
+            state, key = ready.popleft()
+            if state.stopping.is_set():
+                continue  # revoked or stopping: its records stay uncommitted
+            lane = state.lanes[key]
+            record = lane[0]
+            if not state.in_flight:
+                state.idle.clear()
+            state.in_flight += 1
+            self.in_flight += 1
+            try:
+                done = await self._process(record, state.stopping)
+            finally:
+                self.in_flight -= 1
+                state.in_flight -= 1
+                if not state.in_flight:
+                    state.idle.set()
+            if not done:
+                continue  # interrupted: stopping, the lane stays blocked
+            lane.popleft()
+            if lane:
+                ready.append((state, key))
+            else:
+                del state.lanes[key]
+            state.finish(record.offset)
+            self._on_done(state)

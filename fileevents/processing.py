@@ -12,17 +12,15 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from datetime import timedelta
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from aiokafka.structs import ConsumerRecord
-from prometheus_client import Counter
 
 from fileevents.codec import UnreadableRecord, decode_record
 from fileevents.context import EventContext
 from fileevents.deadletter import DeadLetterWriter, describe
-from fileevents.dedupe import DedupeStore, dedupe_id, legacy_dedupe_id
+from fileevents.dedupe import AnyDedupeStore, DedupeBatcher, dedupe_id, legacy_dedupe_id
 from fileevents.errors import (
     DEAD_LETTER,
     DECODE,
@@ -34,7 +32,7 @@ from fileevents.errors import (
     log_failure,
 )
 from fileevents.metrics import FileEventsMetrics
-from fileevents.registry import Registered, Registry
+from fileevents.registry import EventHandler, Registered, Registry
 from fileevents.retry import RetryPolicy
 from streams.core.event import FileEvent
 
@@ -57,12 +55,29 @@ class Outcome(enum.Enum):
     TOMBSTONE = "tombstone"
     """The record has no value: Kafka's deletion marker of a compacted topic, not an event.
     Skipped (nothing to handle, nothing to keep), committed and counted."""
+    DONE_BEFORE = "done_before"
+    """Done with before a restart, above the offset committed then: its commit's metadata
+    recorded it (fileevents.partition), so it is skipped, not run again."""
     INTERRUPTED = "interrupted"
     """Stopped before the record was done with: it must not be committed."""
 
 
 class _Interrupted(Exception):
     """Raised inside the processor when it must stop and leave the record unfinished."""
+
+
+class _HandlerMetrics:
+    """The metric series of one handler, looked up once (`labels()` per event costs)."""
+
+    __slots__ = ("dead_lettered", "failed", "handled", "retried", "seconds", "timed_out")
+
+    def __init__(self, metrics: FileEventsMetrics, topic: str, group: str, handler: str) -> None:
+        self.handled = metrics.handled.labels(topic, group, handler)
+        self.failed = metrics.failed.labels(topic, group, handler)
+        self.timed_out = metrics.timed_out.labels(topic, group, handler)
+        self.retried = metrics.retried.labels(topic, group, handler)
+        self.dead_lettered = metrics.dead_lettered.labels(topic, group, handler)
+        self.seconds = metrics.handler_seconds.labels(topic, group, handler)
 
 
 class EventProcessor:
@@ -75,7 +90,7 @@ class EventProcessor:
         retry: RetryPolicy,
         dead_letters: DeadLetterWriter,
         on_error: OnError,
-        dedupe: DedupeStore | None = None,
+        dedupe: AnyDedupeStore | None = None,
         dedupe_ttl: timedelta = timedelta(hours=24),
         handler_timeout: timedelta | None = None,
         metrics: FileEventsMetrics | None = None,
@@ -90,45 +105,55 @@ class EventProcessor:
             topic, group_id, registry.names(), [outcome.value for outcome in Outcome]
         )
         self._group_id = group_id
+        self._series: dict[str, _HandlerMetrics] = {}
+        for name in [*registry.names(), DECODE]:
+            self._series_of(name)
         self._retry = retry
         self._dead_letters = dead_letters
         self._on_error = on_error
-        self._dedupe = dedupe
-        self._dedupe_ttl = dedupe_ttl
+        self._dedupe = None if dedupe is None else DedupeBatcher(dedupe, dedupe_ttl)
         window = dedupe_ttl if dedupe_legacy_window is None else dedupe_legacy_window
         self._legacy_until = time.monotonic() + max(window, timedelta(0)).total_seconds()
         """Until when (monotonic clock) a miss also reads the id's key before scopes."""
+
+    def _series_of(self, handler: str) -> _HandlerMetrics:
+        series = self._series.get(handler)
+        if series is None:
+            series = _HandlerMetrics(self._metrics, self._topic, self._group_id, handler)
+            self._series[handler] = series
+        return series
 
     def dedupe_id(self, event: FileEvent) -> str:
         """The id the dedupe store sees for `event`: scoped to this consumer group and to the
         provider scope that issued the id (fileevents.dedupe `dedupe_id`)."""
         return dedupe_id(self._group_id, event)
 
-    async def _seen(self, dedupe: DedupeStore, event: FileEvent) -> bool:
-        """Whether the store holds `event`'s id; within the upgrade window, under its key
-        before scopes too (fileevents.dedupe)."""
-        if await dedupe.has(self.dedupe_id(event)):
-            return True
+    def _lookup_ids(self, event: FileEvent) -> tuple[str, ...]:
+        """The ids under which the store may hold `event`: its scoped id; within the upgrade
+        window its id before scopes too (fileevents.dedupe), asked in the same batch."""
+        scoped = dedupe_id(self._group_id, event)
         if time.monotonic() < self._legacy_until:
-            return await dedupe.has(legacy_dedupe_id(self._group_id, event))
-        return False
+            return scoped, legacy_dedupe_id(self._group_id, event)
+        return (scoped,)
+
+    def _context(self, record: ConsumerRecord[bytes, bytes], attempt: int) -> EventContext:
+        return EventContext.of(record, self._group_id, attempt)
 
     async def process(
         self, record: ConsumerRecord[bytes, bytes], stopping: asyncio.Event
     ) -> Outcome:
         """Handle `record`; once `stopping` is set, finish the running attempt, no more."""
-        context = EventContext.of(record, self._group_id)
         try:
-            return await self._process(record, context, stopping)
+            return await self._process(record, stopping)
         except _Interrupted:
             return Outcome.INTERRUPTED
 
     async def _process(
-        self, record: ConsumerRecord[bytes, bytes], context: EventContext, stopping: asyncio.Event
+        self, record: ConsumerRecord[bytes, bytes], stopping: asyncio.Event
     ) -> Outcome:
         if record.value is None and not isinstance(record, UnreadableRecord):
             logger.debug(
-                "%s[%d]@%d skipped: a tombstone", context.topic, context.partition, context.offset
+                "%s[%d]@%d skipped: a tombstone", record.topic, record.partition, record.offset
             )
             return Outcome.TOMBSTONE
         try:
@@ -137,46 +162,47 @@ class EventProcessor:
             # Whatever reading a hostile record raises, it is that record's fault: retrying
             # cannot help, and letting it out would stop the partition at it for good.
             malformed = exc if isinstance(exc, EventDecodeError) else _unreadable(exc)
+            context = self._context(record, 1)
             await self._report(Failure(None, context, DECODE, malformed, attempt=1, final=True))
             await self._dead_letter(record, None, context, DECODE, malformed, 1, stopping)
-            self._count(self._metrics.dead_lettered, DECODE)
+            self._series_of(DECODE).dead_lettered.inc()
             return Outcome.DEAD_LETTERED
 
         pending = self._registry.for_event(event)
         if not pending:
             return Outcome.NO_HANDLER
 
-        dedupe, seen_id = self._dedupe, self.dedupe_id(event)
-        if dedupe is not None and await self._reliably(
-            lambda: self._seen(dedupe, event), event, context, stopping
-        ):
-            logger.debug("event %r skipped: already handled by group %s", event.id, self._group_id)
-            return Outcome.DUPLICATE
+        dedupe = self._dedupe
+        if dedupe is not None:
+            ids = self._lookup_ids(event)
+            if await self._reliably(lambda: dedupe.seen(*ids), event, record, stopping):
+                logger.debug(
+                    "event %r skipped: already handled by group %s", event.id, self._group_id
+                )
+                return Outcome.DUPLICATE
 
         attempt = 1
         while True:
-            context = replace(context, attempt=attempt)
-            pending, failed = await self._run(pending, event, context)
+            pending, failed = await self._run(pending, event, record, attempt)
             if failed is None:
                 break
-            handler, error = failed
+            handler, error, context = failed
             final = attempt >= self._retry.attempts
             await self._report(Failure(event, context, handler.name, error, attempt, final))
             if final:
                 await self._dead_letter(
                     record, event, context, handler.name, error, attempt, stopping
                 )
-                self._count(self._metrics.dead_lettered, handler.name)
+                self._series_of(handler.name).dead_lettered.inc()
                 return Outcome.DEAD_LETTERED
-            self._count(self._metrics.retried, handler.name)
+            self._series_of(handler.name).retried.inc()
             await self._wait(self._retry.backoff(attempt), stopping)
             attempt += 1
 
         if dedupe is not None:
+            seen_id = ids[0]
             try:
-                await self._reliably(
-                    lambda: dedupe.add(seen_id, self._dedupe_ttl), event, context, stopping
-                )
+                await self._reliably(lambda: dedupe.record(seen_id), event, record, stopping)
             except _Interrupted:
                 # The handlers did succeed: commit it rather than run them again elsewhere.
                 logger.warning(
@@ -185,25 +211,35 @@ class EventProcessor:
         return Outcome.HANDLED
 
     async def _run(
-        self, pending: list[Registered], event: FileEvent, context: EventContext
-    ) -> tuple[list[Registered], tuple[Registered, BaseException] | None]:
-        """Run `pending` in order; on a failure, the failing handler and those after it."""
+        self,
+        pending: list[Registered],
+        event: FileEvent,
+        record: ConsumerRecord[bytes, bytes],
+        attempt: int,
+    ) -> tuple[list[Registered], tuple[Registered, BaseException, EventContext] | None]:
+        """Run `pending` in order; on a failure, the failing handler and those after it,
+        with the context of the failed attempt. The context is built only when a handler
+        takes it or a run fails."""
+        context: EventContext | None = None
         for index, handler in enumerate(pending):
+            if handler.wants_context and context is None:
+                context = self._context(record, attempt)
+            series = self._series.get(handler.name) or self._series_of(handler.name)
             started = time.perf_counter()
             error = await self._run_one(handler, event, context)
-            self._metrics.handler_seconds.labels(
-                self._topic, context.group_id, handler.name
-            ).observe(time.perf_counter() - started)
+            series.seconds.observe(time.perf_counter() - started)
             if error is not None:
-                self._count(self._metrics.failed, handler.name)
+                series.failed.inc()
                 if isinstance(error, HandlerTimeout):
-                    self._count(self._metrics.timed_out, handler.name)
-                return pending[index:], (handler, error)
-            self._count(self._metrics.handled, handler.name)
+                    series.timed_out.inc()
+                if context is None:
+                    context = self._context(record, attempt)
+                return pending[index:], (handler, error, context)
+            series.handled.inc()
         return [], None
 
     async def _run_one(
-        self, handler: Registered, event: FileEvent, context: EventContext
+        self, handler: Registered, event: FileEvent, context: EventContext | None
     ) -> BaseException | None:
         """Run one handler within its timeout; what it failed with, or None.
 
@@ -218,7 +254,10 @@ class EventProcessor:
         scope = asyncio.timeout(seconds)
         try:
             async with scope:
-                await handler(event, context)
+                if context is None:
+                    await cast(EventHandler, handler.handler)(event)
+                else:
+                    await handler(event, context)
         except (KeyboardInterrupt, SystemExit):
             raise
         except asyncio.CancelledError as exc:
@@ -233,9 +272,6 @@ class EventProcessor:
             return _timed_out(handler, seconds)
         return None
 
-    def _count(self, counter: Counter, handler: str) -> None:
-        counter.labels(self._topic, self._group_id, handler).inc()
-
     async def _dead_letter(
         self,
         record: ConsumerRecord[bytes, bytes],
@@ -249,18 +285,20 @@ class EventProcessor:
         await self._reliably(
             lambda: self._dead_letters.send(record, context, handler, error, attempts),
             event,
-            context,
+            record,
             stopping,
             what=DEAD_LETTER,
+            attempt=attempts,
         )
 
     async def _reliably(
         self,
         operation: Callable[[], Awaitable[T]],
         event: FileEvent | None,
-        context: EventContext,
+        record: ConsumerRecord[bytes, bytes],
         stopping: asyncio.Event,
         what: str = DEDUPE,
+        attempt: int = 1,
     ) -> T:
         """Retry the library's own I/O until it works: an outage is not the event's fault."""
         failures = 0
@@ -269,6 +307,7 @@ class EventProcessor:
                 return await operation()
             except Exception as exc:
                 failures += 1
+                context = self._context(record, attempt)
                 await self._report(Failure(event, context, what, exc, failures, final=False))
                 await self._wait(self._retry.backoff(failures), stopping)
 

@@ -53,10 +53,12 @@ def check_timeout(where: str, timeout: timedelta | None) -> None:
 
 
 def handler_name(handler: Callable[..., Any]) -> str:
-    """`module.qualname`, as `on_error` and the dead-letter `handler` header name it."""
+    """`module.qualname`, as `on_error`, the metrics and the dead-letter `handler` header
+    name it; a function defined inside another is named without `<locals>`
+    (`__main__.main.handle`, not `__main__.main.<locals>.handle`)."""
     module = getattr(handler, "__module__", None) or "?"
     qualname = getattr(handler, "__qualname__", None) or type(handler).__qualname__
-    return f"{module}.{qualname}"
+    return f"{module}.{qualname.replace('<locals>.', '')}"
 
 
 def _is_async(handler: Callable[..., Any]) -> bool:

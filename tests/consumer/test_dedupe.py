@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import timedelta
 
@@ -38,7 +38,8 @@ from fileevents.dedupe import dedupe_id, legacy_dedupe_id
 from streams.core.delivery import Delivery
 from streams.core.normalizers import normalize
 
-StoreFactory = Callable[[], AbstractAsyncContextManager[DedupeStore]]
+BuiltInStore = MemoryDedupeStore | RedisDedupeStore
+StoreFactory = Callable[[], AbstractAsyncContextManager[BuiltInStore]]
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -47,7 +48,7 @@ def store_factory(request: pytest.FixtureRequest) -> StoreFactory:
         shared = MemoryDedupeStore()
 
         @asynccontextmanager
-        async def memory() -> AsyncIterator[DedupeStore]:
+        async def memory() -> AsyncIterator[BuiltInStore]:
             yield shared
 
         return memory
@@ -55,7 +56,7 @@ def store_factory(request: pytest.FixtureRequest) -> StoreFactory:
     prefix = unique("seen") + ":"
 
     @asynccontextmanager
-    async def on_redis() -> AsyncIterator[DedupeStore]:
+    async def on_redis() -> AsyncIterator[BuiltInStore]:
         client = redis.Redis.from_url(server.url)
         try:
             yield RedisDedupeStore(client, prefix=prefix)
@@ -186,14 +187,14 @@ class FlakyStore(MemoryDedupeStore):
         self.outage = outage
         self.checked = False
 
-    async def has(self, event_id: str) -> bool:
+    async def has_many(self, event_ids: Sequence[str]) -> list[bool]:
         if not self.checked:
             self.checked = True
-            return await super().has(event_id)
+            return await super().has_many(event_ids)
         if self.outage:
             self.outage -= 1
             raise ConnectionError("dedupe store unreachable")
-        return await super().has(event_id)
+        return await super().has_many(event_ids)
 
 
 @pytest.mark.kafka

@@ -96,7 +96,7 @@ def test_retries_then_dead_letter_then_next_event(kafka_bootstrap: str) -> None:
         ("audit", after.id),
         ("convert", after.id),
     ]
-    convert_name = f"{__name__}.test_retries_then_dead_letter_then_next_event.<locals>.convert"
+    convert_name = f"{__name__}.test_retries_then_dead_letter_then_next_event.convert"
     report = [(f.event_id, f.handler, f.attempt, f.final) for f in failures]
     assert report == [
         (poison.id, convert_name, 1, False),

@@ -81,7 +81,7 @@ def test_handled_failed_retried_and_dead_lettered_are_counted_per_handler(
         await asyncio.sleep(0.03)
 
     prefix = f"{__name__}.test_handled_failed_retried_and_dead_lettered_are_counted_per_handler"
-    audit_name, convert_name = f"{prefix}.<locals>.audit", f"{prefix}.<locals>.convert"
+    audit_name, convert_name = f"{prefix}.audit", f"{prefix}.convert"
 
     async def scenario() -> tuple[str, str]:
         await create_topics(kafka_bootstrap, (topic, 1), (events.dead_letter_topic, 1))

@@ -76,7 +76,7 @@ def test_a_hanging_handler_is_timed_out_retried_dead_lettered_and_the_next_event
     ]
     assert all(isinstance(f.error, HandlerTimeout) for f in failures), failures
     test = test_a_hanging_handler_is_timed_out_retried_dead_lettered_and_the_next_event_handled
-    name = f"{__name__}.{test.__name__}.<locals>.transcode"
+    name = f"{__name__}.{test.__name__}.transcode"
     assert str(failures[0].error) == f"{name} did not finish within 0.3 s: cancelled"
 
     dead = asyncio.run(read_topic(kafka_bootstrap, events.dead_letter_topic))
@@ -128,7 +128,8 @@ def test_the_default_timeout_applies_and_a_handlers_own_timeout_wins(
     assert events.outcomes == {"dead_lettered": 1}
     assert [type(f.error) for f in failures] == [HandlerTimeout, HandlerTimeout]
     assert "within 0.2 s" in str(failures[0].error)
-    assert failures[0].handler.endswith("<locals>.swallows")
+    assert failures[0].handler.endswith(".swallows")
+    assert "<locals>" not in failures[0].handler
 
 
 def test_timeouts_are_checked_when_registered() -> None:
