@@ -36,7 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     for name, module_name in BRIDGES.items():
         command: BridgeCommand = importlib.import_module(module_name).COMMAND
-        sub = commands.add_parser(name, help=command.help)
+        sub = commands.add_parser(
+            name,
+            help=command.help,
+            description=command.help,
+            epilog=command.details() if command.details is not None else None,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         command.add_arguments(sub)
         sub.set_defaults(bridge=command)
     args = parser.parse_args(argv)

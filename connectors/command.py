@@ -20,6 +20,8 @@ class BridgeCommand:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace, Settings], int]
+    details: Callable[[], str] | None = None
+    """What `--help` prints after the options (routes, variables), as written."""
 
 
 def add_publishing_arguments(parser: argparse.ArgumentParser, metrics: bool = True) -> None:

@@ -771,6 +771,57 @@ def serve(settings: Settings) -> None:
     asyncio.run(_serve(settings))
 
 
+ROUTE_SUMMARIES = {
+    "s3": "S3 -> Amazon SNS subscription; SNS signature, allowed topic_arns",
+    "eventbridge": "EventBridge API destination; its API key header, or Basic auth",
+    "gcs": "GCS -> Pub/Sub push; Google OIDC token and/or a shared token",
+    "azure": "Azure Event Grid; a shared secret (?code= or a header)",
+    "minio": "MinIO webhook target; Authorization: Bearer <auth_token>",
+    "supabase": "Supabase Database Webhook; a secret header",
+    "b2": "Backblaze B2 Event Notifications; HMAC-SHA256 signature",
+    "box": "Box webhooks V2; HMAC-SHA256 signatures, timestamp window",
+    "cloudinary": "Cloudinary notifications; SHA-1/SHA-256 signature, timestamp window",
+    "appwrite": "Appwrite webhooks; HMAC-SHA1 signature over URL + body",
+}
+"""One line per route for `--help` (the module docstring and docs/bridges.md say more)."""
+
+
+def help_details() -> str:
+    """`python -m connectors webhook --help`'s routes and variables."""
+    from streams.config import ENVIRONMENT
+
+    defaults = WebhookConfig()
+    routes = "\n".join(
+        f"  POST /hooks/{source:<12} {ROUTE_SUMMARIES.get(source, '')}" for source in PUSH_SOURCES
+    )
+
+    def shown(value: object) -> str:
+        if value is None or value == ():
+            return "unset"
+        return str(value)
+
+    variables = "\n".join(
+        f"  {variable:<26} webhook.{name} (default {shown(getattr(defaults, name))})"
+        for variable, (section, name) in ENVIRONMENT.items()
+        if section == "webhook"
+    )
+    return f"""routes (each off, answering 404, until [webhook.routes.<source>] configures its
+credentials, or WEBHOOK_INSECURE_SOURCES lists it: local development only):
+{routes}
+  GET  /healthz /ready /metrics  liveness, readiness (Kafka answers), Prometheus
+                                 (on WEBHOOK_ADMIN_PORT alone when it is set)
+
+variables (each wins over its field in the config file):
+  STREAMS_CONFIG             the config file (TOML; [webhook], [webhook.routes.<source>])
+{variables}
+  KAFKA_BOOTSTRAP_SERVERS, KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*, KAFKA_SSL_*: Kafka
+                             (docs/settings.md)
+  each route's secret: the variable its secret_env names (secrets are never in the file)
+
+A delivery is answered 202 once Kafka acknowledged it, 503 (the provider retries) otherwise.
+Every route, its checks and answers: docs/bridges.md; `python -m pydoc connectors.webhook`."""
+
+
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
     """The webhook bridge takes everything from the configuration ([webhook])."""
 
@@ -784,4 +835,4 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-COMMAND = BridgeCommand("HTTP server for push providers", _add_arguments, _run)
+COMMAND = BridgeCommand("HTTP server for push providers", _add_arguments, _run, help_details)

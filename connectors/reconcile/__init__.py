@@ -40,8 +40,9 @@ A second run once the stream has caught up (the worker turned the first run's de
 output events) finds no drift and publishes nothing. Two runs before it caught up publish the
 same ids, which the stream drops as duplicates.
 
-Output on stdout: one line per drift (`created <key> (<reason>)`, `deleted <key> (not-listed)`),
-then the summary: `reconcile instance=... bucket=... listed=N known=N in_sync=N created=N
+Output on stdout: one line per drift (`created <key> (<reason>)`, `deleted <key> (not-listed)`,
+each ending `: not published (refused)` or `(dry run)` when the run publishes nothing), then
+the summary: `reconcile instance=... bucket=... listed=N known=N in_sync=N created=N
 deleted=N published=N` (`listed`: keys the instance keeps; `known`: keys present per the
 stream), with ` (dry run)` or ` (refused)` after it. On stderr, every `--progress-interval`
 seconds of a long run (default 10), a progress line: the phase (listing, reading, comparing,
@@ -356,9 +357,12 @@ def reconcile(
             known.close()
         listing_file.unlink()
 
-        for drift in _drifts(drifts_file):
-            print(f"{drift.type} {drift.key} ({drift.reason})")
         refused = refusal(result, args.max_delete_share, args.max_deletes, args.force)
+        # A run that publishes nothing says so on every drift line, not only in its summary.
+        held = " (dry run)" if args.dry_run else " (refused)" if refused is not None else ""
+        for drift in _drifts(drifts_file):
+            mark = f": not published{held}" if held else ""
+            print(f"{drift.type} {drift.key} ({drift.reason}){mark}")
         published = 0
         if result.drift_count and not args.dry_run and refused is None:
             progress.enter("publishing", result.drift_count)
@@ -541,7 +545,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 def _outcome(
     args: argparse.Namespace, settings: Settings, metrics: report.RunMetrics | None
 ) -> int:
-    for noisy in ("botocore", "azure", "google", "urllib3"):
+    for noisy in ("botocore", "azure", "google", "urllib3", "aiokafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)  # no per-request chatter
     try:
         return reconcile(args, settings, metrics=metrics)

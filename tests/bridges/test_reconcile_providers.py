@@ -359,6 +359,11 @@ def test_an_empty_listing_is_refused_unless_forced(stack: Stack, apis: ListApis)
     figures = summary(refused, code=3)
     assert (figures["listed"], figures["known"], figures["deleted"]) == ("0", "2", "2")
     assert refused.stdout.strip().endswith("published=0 (refused)")
+    # Issue 35, item 4: each drift line says it was not published; no Kafka client chatter.
+    drift_lines = [line for line in refused.stdout.splitlines() if line.startswith("deleted ")]
+    assert len(drift_lines) == 2
+    assert all(line.endswith(": not published (refused)") for line in drift_lines)
+    assert "aiokafka" not in refused.stderr, refused.stderr
     assert "published nothing: the listing holds no key the instance keeps" in refused.stderr
     assert "--force" in refused.stderr
     # A share above the bound, however many: --max-deletes below the count still refuses.
@@ -366,6 +371,7 @@ def test_an_empty_listing_is_refused_unless_forced(stack: Stack, apis: ListApis)
     dry = stack.reconcile("emptied", *options, "--dry-run")
     assert summary(dry)["deleted"] == "2"
     assert dry.stdout.strip().endswith("published=0 (dry run)")
+    assert "deleted e1 (not-listed): not published (dry run)" in dry.stdout
     assert "a real run would publish nothing: the listing holds no key" in dry.stderr
     assert stack.raw_count() == raw_before
 

@@ -9,13 +9,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from support.webhook_signing import Request, exchange, settings_for
 
-from connectors.webhook import build_routes
-from streams.config import ConfigError, Settings, load_settings
+from connectors.webhook import PUSH_SOURCES, build_routes
+from streams.config import ENVIRONMENT, ConfigError, Settings, load_settings
 
 
 def nowhere() -> str:
@@ -152,3 +154,22 @@ def test_off_routes_404_wrong_methods_405_big_bodies_413_before_anything_else() 
         exchange(settings, "b2", [*requests[1:], Request(b"x" * 65), Request(b"{}")], environ)
     )
     assert [answer.status for answer in b2] == [405, 405, 413, 401]
+
+
+def test_webhook_help_lists_the_routes_and_the_variables() -> None:
+    """Issue 35, item 4: `--help` printed only `usage: ... [-h]`."""
+    shown = subprocess.run(
+        [sys.executable, "-m", "connectors", "webhook", "--help"],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for source in PUSH_SOURCES:
+        assert f"POST /hooks/{source} " in shown
+    for variable, (section, _) in ENVIRONMENT.items():
+        if section == "webhook":
+            assert variable in shown
+    assert "WEBHOOK_PORT               webhook.port (default 8080)" in shown
+    assert "KAFKA_BOOTSTRAP_SERVERS" in shown and "STREAMS_CONFIG" in shown
+    assert max(len(line) for line in shown.splitlines()) <= 100
