@@ -147,25 +147,50 @@ test: test-deps install kafka-fetch
 test-fast: test-deps install kafka-fetch
 	PUBSUB_FAKE_BIN=$(abspath $(PUBSUB_FAKE)) $(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
 
+# The environment of the stack a command belongs to (dev/stack.py, streams/localstack.py): the
+# running `make run`'s Kafka settings and ports, wherever LOCAL_KAFKA_PORT, WEBHOOK_PORT and
+# STREAMS_WEB_PORT moved them; without one (and without KAFKA_BOOTSTRAP_SERVERS), the local
+# broker's client settings (its port, its security). What is set in the environment wins.
+STACK_ENV = stack_env="$$($(PYTHON) dev/stack.py env)" || exit 1; set -a; eval "$$stack_env"; set +a
+
+# A command-line variable the command does not take stops it with one line (`make tail
+# TOPIX=...` is not silently ignored); these are taken by every command.
+ANY_COMMAND_VARIABLES := PYTHON PURE PYTEST_ARGS LOCAL_KAFKA_PORT LOCAL_KAFKA_DIR \
+  LOCAL_KAFKA_SECURITY LOCAL_KAFKA_HEAP LOCAL_KAFKA_LIBS KAFKA_BOOTSTRAP_SERVERS KAFKA_BROKERS \
+  KAFKA_SECURITY WEBHOOK_PORT STREAMS_WEB_PORT
+GIVEN_VARIABLES = $(sort $(foreach v,$(.VARIABLES),$(if $(filter command line,$(origin $v)),$v)))
+# $(call only_variables,<command>,<its variables>): the recipe line that refuses the others.
+only_variables = $(if $(filter-out $(2) $(ANY_COMMAND_VARIABLES),$(GIVEN_VARIABLES)),@echo "make $(1): unknown variable $(filter-out $(2) $(ANY_COMMAND_VARIABLES),$(GIVEN_VARIABLES)) (make $(1) takes $(2))" >&2; exit 2,@:)
+
 # The "Try it" notification as a new change each time (a fresh sequencer; KEY=<key> for
 # another key): the same notification twice is one change, dropped the second time by design.
 .PHONY: send
 send:
-	@$(PYTHON) dev/send.py$(if $(KEY), --key '$(KEY)')
+	$(call only_variables,send,KEY)
+	@$(STACK_ENV); exec $(PYTHON) dev/send.py$(if $(KEY), --key '$(KEY)')
 
-# Without KAFKA_BOOTSTRAP_SERVERS, the local broker's client settings (its port, its security).
+# An instance's canonical events (INSTANCE=<name>), or any topic's records (TOPIC=<topic>:
+# files.stale.<instance>, files.dead-letter); Kafka: the stack's (STACK_ENV above).
 # `exec`: Ctrl-C ends the tail, not make with an `Interrupt` line.
 tail: install
-	@if [ -z "$$KAFKA_BOOTSTRAP_SERVERS" ]; then \
-	  local_kafka="$$($(PYTHON) dev/kafka/localkafka.py env)" || exit 1; set -a; eval "$$local_kafka"; set +a; fi; \
-	exec $(BIN)/python -m streams tail --instance $(INSTANCE)$(if $(HEADERS), --headers)$(if $(FROM_END), --from-end)
+	$(call only_variables,tail,INSTANCE TOPIC HEADERS FROM_END)
+	@$(STACK_ENV); \
+	exec $(BIN)/python -m streams tail --instance $(INSTANCE)$(if $(TOPIC), --topic '$(TOPIC)')$(if $(HEADERS), --headers)$(if $(FROM_END), --from-end)
 
-# The stage groups' members, partition owners and lag, restore, events/s per instance;
-# `make status WATCH=1` refreshes it every 2 s. Kafka as for `make tail`.
+# What the stream could not process (files.dead-letter), one line each with the reason.
+.PHONY: dead-letters
+dead-letters: install
+	$(call only_variables,dead-letters,FROM_END)
+	@$(STACK_ENV); \
+	exec $(BIN)/python -m streams dead-letters$(if $(FROM_END), --from-end)
+
+# The stage groups' members, partition owners and lag, restore, events/s, duplicates, stale
+# events and dead letters; `make status WATCH=1` refreshes it every 2 s. Kafka and the worker:
+# the stack's (STACK_ENV above).
 .PHONY: status
 status: install
-	@if [ -z "$$KAFKA_BOOTSTRAP_SERVERS" ]; then \
-	  local_kafka="$$($(PYTHON) dev/kafka/localkafka.py env)" || exit 1; set -a; eval "$$local_kafka"; set +a; fi; \
+	$(call only_variables,status,WATCH)
+	@$(STACK_ENV); \
 	exec $(BIN)/python -m streams status$(if $(WATCH), --watch)
 
 lint: $(TEST_STAMP)

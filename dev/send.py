@@ -19,7 +19,11 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-SAMPLE = Path(__file__).resolve().parent.parent / "examples" / "s3-put.json"
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "examples" / "s3-put.json"
+sys.path.insert(0, str(ROOT))
+
+from streams import localstack  # noqa: E402  (standard library only)
 
 
 def fresh_notification(
@@ -35,6 +39,19 @@ def fresh_notification(
     if key is not None:
         s3_object["key"] = urllib.parse.quote_plus(key, safe="/")
     return notification
+
+
+def nothing_answers(url: str, error: OSError) -> str:
+    """The line for a URL where no bridge answers: where the running stack's bridge is, or
+    that none runs."""
+    stack = localstack.running()
+    said = f"no webhook bridge answers at {url} ({error})"
+    if stack is None:
+        return f"{said}; start `make run` first"
+    return (
+        f"{said}; {stack.describe()}: `make send` without WEBHOOK_PORT, or "
+        f"WEBHOOK_PORT={stack.webhook_port} make send"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,10 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     except urllib.error.HTTPError as error:
         status = error.code
     except OSError as error:
-        print(
-            f"make send: no webhook bridge answers at {args.url} ({error}); start `make run` first",
-            file=sys.stderr,
-        )
+        print(f"make send: {nothing_answers(args.url, error)}", file=sys.stderr)
         return 1
     key = urllib.parse.unquote_plus(s3_object["key"])
     print(f"sent a new change of {key!r} (sequencer {s3_object['sequencer']}): HTTP {status}")

@@ -1,78 +1,34 @@
-"""The README's consumer, runnable against what `make run` provides: print every change of an
-instance as a handler sees it.
+"""The README's consumer, as the README shows it (tests/integration/test_first_hour_run.py
+compares the two): print every change of the `default` instance as a handler sees it.
 
-    python -m examples.first_consumer                                  # in-memory dedupe store
-    python -m examples.first_consumer --redis redis://127.0.0.1:6379/0 # production: Redis
+    python -m examples.first_consumer        # with `make run` going; `make send` makes a change
 
-Kafka comes from the `KAFKA_*` variables (default 127.0.0.1:9092, the local broker of
-`make run`; `KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:19093` when LOCAL_KAFKA_PORT moved it). The
-in-memory store forgets on exit, so a restarted consumer handles what it had not committed
-again; several processes of one group share what they handled only through Redis (the
-production step: `pip install redis` comes with the project, the server is yours to run). A
-store that does not answer stops it at start with one line.
+Kafka: the `KAFKA_*` variables when set, else the stack `make run` runs, wherever its ports
+are (streams.localstack), else 127.0.0.1:9092. The in-memory dedupe store forgets on exit, so
+a restarted consumer handles what it had not committed again; several processes of one group
+share what they handled only through Redis (`RedisDedupeStore`, as in
+examples/send_email.py).
 """
 
-from __future__ import annotations
-
-import argparse
 import asyncio
 import logging
-import sys
 from datetime import timedelta
 
-import redis.asyncio as redis
+from fileevents import FileEvent, FileEvents, MemoryDedupeStore
 
-from fileevents import (
-    DedupeStore,
-    DedupeStoreUnavailable,
-    FileEvent,
-    FileEvents,
-    KafkaAccessError,
-    MemoryDedupeStore,
-    RedisDedupeStore,
-)
+logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
-
-def build(instance: str, group: str, dedupe: DedupeStore) -> FileEvents:
-    """The consumer: one handler for every event of `instance`'s output topic."""
-    events = FileEvents(
-        instance=instance,  # reads files.events.<instance>, which `make run` creates
-        group_id=group,
-        dedupe=dedupe,  # skips an id the group already handled, within dedupe_ttl
-        dedupe_ttl=timedelta(hours=24),
-    )
-
-    @events.on("*")
-    async def show(event: FileEvent) -> None:
-        print(f"{event.type} {event.key} ({event.size} bytes, event {event.id})", flush=True)
-
-    return events
+events = FileEvents(
+    instance="default",  # reads files.events.default, which `make run` creates
+    group_id="first-consumer",
+    dedupe=MemoryDedupeStore(),  # skips an id the group already handled, within dedupe_ttl
+    dedupe_ttl=timedelta(hours=24),
+)  # Kafka: the KAFKA_* variables, else the stack `make run` runs, else 127.0.0.1:9092
 
 
-async def run(args: argparse.Namespace) -> None:
-    client = redis.Redis.from_url(args.redis) if args.redis else None
-    try:
-        store = RedisDedupeStore(client) if client is not None else MemoryDedupeStore()
-        await build(args.instance, args.group, store).run()  # until Ctrl-C or SIGTERM
-    finally:
-        if client is not None:
-            await client.aclose()
+@events.on("*")  # every change: "created" or "deleted" for one kind
+async def show(event: FileEvent) -> None:
+    print(f"{event.type} {event.key} ({event.size} bytes, event {event.id})", flush=True)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--instance", default="default")
-    parser.add_argument("--group", default="example-first-consumer")
-    parser.add_argument("--redis", help="a Redis URL: the dedupe store (default: in memory)")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    try:
-        asyncio.run(run(args))
-    except (DedupeStoreUnavailable, KafkaAccessError) as exc:
-        print(f"first_consumer: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+asyncio.run(events.run())  # until Ctrl-C; graceful on SIGTERM

@@ -3,6 +3,7 @@
     normalize      one delivery in, canonical events out (no Kafka)
     create-topics  create every topic the stream uses
     tail           print the canonical events of an instance's output topic, one JSON line each
+    dead-letters   print what the stream could not process, one line each with the reason
     status         the stage groups' members, owners and lag; restore; events/s per instance
     topics         the topics the stream uses: the plan beside Kafka's, and their differences
     schema         the canonical event's JSON Schema (schemas/file-event/)
@@ -20,7 +21,8 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +185,46 @@ def shown_headers(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str 
     }
 
 
+def tail_line(message: Any, headers: bool) -> str:
+    """What `tail` prints of a record: its JSON value on one line (as text when it is not
+    JSON); with `headers`, `{"headers": ..., "event": ...}`."""
+    value = message.value or b""
+    try:
+        shown: Any = json.loads(value)
+    except ValueError:
+        shown = value.decode("utf-8", errors="replace")
+    if headers:
+        shown = {"headers": shown_headers(message.headers), "event": shown}
+    return shown if isinstance(shown, str) else json_line(shown)
+
+
+DEAD_LETTER_PREVIEW_BYTES = 80
+
+
+def dead_letter_line(message: Any) -> str:
+    """One line per dead letter: when, which stage refused it, where it came from, why, and
+    the start of its bytes (escaped: a dead letter is hostile input)."""
+    from streams.logs import printable
+
+    found = {
+        name: (value or b"").decode("utf-8", errors="replace") for name, value in message.headers
+    }
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(message.timestamp / 1000))
+    value = message.value or b""
+    body = repr(value[:DEAD_LETTER_PREVIEW_BYTES])[1:] + (
+        "..." if len(value) > DEAD_LETTER_PREVIEW_BYTES else ""
+    )
+    origin = ", ".join(
+        f"{name} {printable(found[name])}" for name in ("source", "transport") if name in found
+    )
+    return (
+        f"{when} {message.topic}[{message.partition}]@{message.offset} "
+        f"{printable(found.get('error.stage', '?'))}"
+        f"{f' ({origin})' if origin else ''}: {printable(found.get('error', '(no reason)'))}"
+        f" | {len(value)} bytes: {body}"
+    )
+
+
 async def _tail(
     kafka: KafkaSettings | str,
     topic: str,
@@ -190,6 +232,8 @@ async def _tail(
     count: int | None,
     timeout_s: float | None,
     headers: bool = False,
+    line: Callable[[Any], str] | None = None,
+    what: str = "event(s)",
 ) -> int:
     from aiokafka import AIOKafkaConsumer
 
@@ -220,19 +264,12 @@ async def _tail(
             batches = await consumer.getmany(timeout_ms=min(wait_ms, 1000))
             for messages in batches.values():
                 for message in messages:
-                    value = message.value or b""
-                    try:
-                        shown: Any = json.loads(value)
-                    except ValueError:
-                        shown = value.decode("utf-8", errors="replace")
-                    if headers:
-                        shown = {"headers": shown_headers(message.headers), "event": shown}
-                    text = shown if isinstance(shown, str) else json_line(shown)
+                    text = line(message) if line is not None else tail_line(message, headers)
                     print(text, flush=True)
                     printed += 1
             if earlier and await _reached(consumer, earlier):
                 print(
-                    f"# {printed} earlier event(s) above, from before this tail started; "
+                    f"# {printed} earlier {what} above, from before this tail started; "
                     "new ones follow (--from-end: only new ones)",
                     file=sys.stderr,
                     flush=True,
@@ -278,6 +315,31 @@ def command_tail(args: argparse.Namespace) -> int:
                 args.count,
                 args.timeout,
                 args.headers,
+            )
+        )
+    except KeyboardInterrupt:
+        return 0
+
+
+def command_dead_letters(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    topic = settings.stream.dead_letter_topic
+    print(
+        f"# dead letters of {topic} on {settings.kafka.bootstrap_servers}, one line each: "
+        "when, where, stage (source): reason | bytes (Ctrl-C to stop; replay them after a "
+        "fix: python -m streams replay-dead-letters)",
+        file=sys.stderr,
+    )
+    try:
+        return asyncio.run(
+            _tail(
+                settings.kafka,
+                topic,
+                not args.from_end,
+                args.count,
+                args.timeout,
+                line=dead_letter_line,
+                what="dead letter(s)",
             )
         )
     except KeyboardInterrupt:
@@ -438,6 +500,15 @@ def build_parser() -> argparse.ArgumentParser:
         help='print {"headers": ce_*, stale.*, error*, "event": ...} per record',
     )
     tail_cmd.set_defaults(run=command_tail)
+
+    dead_cmd = commands.add_parser(
+        "dead-letters", help="print the dead letters, one line each with the reason"
+    )
+    dead_cmd.add_argument("--config")
+    dead_cmd.add_argument("--from-end", action="store_true", help="only new dead letters")
+    dead_cmd.add_argument("--count", type=int, help="stop after this many")
+    dead_cmd.add_argument("--timeout", type=float, help="stop after this many seconds")
+    dead_cmd.set_defaults(run=command_dead_letters)
 
     status_cmd = commands.add_parser(
         "status", help="stage groups, owners, lag, restore; events/s per instance"

@@ -14,7 +14,10 @@ The status view reads the truth from where it lives, so that it cannot disagree 
   At most `SHOWN_INSTANCES` of them (issue 33: each costs a read of its output topic): with
   more, the ones that emitted most, and a count of the others. Workers that aggregate their
   instances' metrics (`stream.instance_metrics_limit`) give no per-instance events/s: one
-  row `*` has them all.
+  row `*` has them all. Beside them, the duplicates dropped and the stale events (the
+  workers' `storage_events_duplicates_total`, `storage_events_stale_total`), and one line of
+  dead letters (`storage_events_dead_lettered_total`): counts since the workers started, which
+  only the workers know (a duplicate is written nowhere).
 
 `snapshot` does the I/O; `render` and `progress_line` are pure.
 """
@@ -98,6 +101,10 @@ class InstanceStatus:
     emitted: float | None
     """`storage_events_emitted_total` summed over the workers answering; None if none does."""
     events_per_s: float | None
+    duplicates: float | None = None
+    """`storage_events_duplicates_total` (ids seen within the TTL, dropped), as `emitted`."""
+    stale: float | None = None
+    """`storage_events_stale_total` (older than what was emitted, to the stale topic)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +115,8 @@ class WorkerStatus:
     error: str | None
     stages: Mapping[str, Any] = field(default_factory=dict)
     """Its `/ready` JSON's stages (the emit stage's carries `restore`)."""
+    counts: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Its /metrics' OUTCOMES: per counter, per instance (dead letters: per stage)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +132,10 @@ class Snapshot:
     """When `instances[*].emitted` was read (for the next snapshot's rates)."""
     more_instances: int = 0
     """Configured instances not listed (over SHOWN_INSTANCES)."""
+    dead_letters: float | None = None
+    """`storage_events_dead_lettered_total` over every stage of the workers answering (since
+    they started); None when none does."""
+    dead_letter_topic: str = "files.dead-letter"
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -136,6 +149,41 @@ def lag_of(committed: int | None, beginning: int, end: int) -> int:
     beginning, where `auto_offset_reset=earliest` starts it) to the end."""
     start = beginning if committed is None or committed < beginning else committed
     return max(0, end - start)
+
+
+OUTCOMES = {
+    "duplicates": ("storage_events_duplicates", "instance"),
+    "stale": ("storage_events_stale", "instance"),
+    "dead_letters": ("storage_events_dead_lettered", "stage"),
+}
+"""What the status view counts besides emitted events: its name, the worker's counter and the
+label it is split by (issue 35: a duplicate, a stale event or a dead letter is visible)."""
+
+
+def outcome_totals(metrics_text: str) -> dict[str, dict[str, float]]:
+    """Per OUTCOMES name, its counter's `_total` per label value, from a `/metrics` text."""
+    wanted = {f"{family}_total": (name, label) for name, (family, label) in OUTCOMES.items()}
+    totals: dict[str, dict[str, float]] = {name: {} for name in OUTCOMES}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                name, label = wanted[sample.name]
+                key = sample.labels.get(label, "")
+                totals[name][key] = totals[name].get(key, 0.0) + sample.value
+    return totals
+
+
+def summed_counts(workers: Iterable[WorkerStatus]) -> dict[str, dict[str, float]] | None:
+    """The workers' OUTCOMES added up; None when no worker gave its metrics."""
+    summed: dict[str, dict[str, float]] | None = None
+    for worker in workers:
+        if not worker.counts:
+            continue
+        summed = summed or {name: {} for name in OUTCOMES}
+        for name, values in worker.counts.items():
+            for key, value in values.items():
+                summed[name][key] = summed[name].get(key, 0.0) + value
+    return summed
 
 
 def emitted_totals(metrics_text: str) -> dict[str, float]:
@@ -167,8 +215,9 @@ async def _worker(url: str) -> tuple[WorkerStatus, dict[str, float] | None]:
         # ValueError: not the worker's JSON (another service on that port)
         return WorkerStatus(url, None, f"no answer ({exc.__class__.__name__})"), None
     totals = emitted_totals(metrics_text) if status == 200 else None
+    counts = outcome_totals(metrics_text) if status == 200 else {}
     return (
-        WorkerStatus(url, bool(body.get("ready")), None, dict(body.get("stages") or {})),
+        WorkerStatus(url, bool(body.get("ready")), None, dict(body.get("stages") or {}), counts),
         totals,
     )
 
@@ -369,17 +418,23 @@ async def snapshot(
     aggregated = totals is not None and AGGREGATE in totals
     if aggregated:  # one row for them all, the workers' metrics have no other
         outputs.append((AGGREGATE, "(every instance)", None, None))
+    counts = summed_counts(workers)
     for name, topic, held, newest in outputs:
-        emitted = None
+        emitted = duplicates = stale = None
         if totals is not None and (name == AGGREGATE or not aggregated):
             emitted = totals.get(name, 0.0)
+        if counts is not None and (name == AGGREGATE or not aggregated):
+            duplicates = counts["duplicates"].get(name, 0.0)
+            stale = counts["stale"].get(name, 0.0)
         rate = None
         if first is not None and first[0] is not None and emitted is not None:
             before = first[0].get(name, 0.0)
             elapsed = read_at - first[1]
             if elapsed > 0:
                 rate = max(0.0, emitted - before) / elapsed
-        instances.append(InstanceStatus(name, topic, held, newest, emitted, rate))
+        instances.append(
+            InstanceStatus(name, topic, held, newest, emitted, rate, duplicates, stale)
+        )
     return Snapshot(
         bootstrap,
         time.time(),
@@ -389,6 +444,8 @@ async def snapshot(
         tuple(workers),
         read_at if totals is not None else None,
         len(settings.instances) - len(listed),
+        sum(counts["dead_letters"].values()) if counts is not None else None,
+        settings.stream.dead_letter_topic,
     )
 
 
@@ -491,21 +548,37 @@ def render(snap: Snapshot) -> str:
             + "".join(f"; {text}" for text in stuck)
         )
     lines.append("")
-    lines.append(f"  {'instance':<20} {'topic':<40} {'events/s':>9} {'emitted':>9}  last event")
+    lines.append(
+        f"  {'instance':<20} {'topic':<40} {'events/s':>9} {'emitted':>9} {'duplicate':>9} "
+        f"{'stale':>7}  last event"
+    )
     for instance in snap.instances:
         rate = "?" if instance.events_per_s is None else f"{instance.events_per_s:.1f}"
         emitted = "?" if instance.emitted is None else f"{instance.emitted:.0f}"
+        duplicates = "?" if instance.duplicates is None else f"{instance.duplicates:.0f}"
+        stale = "?" if instance.stale is None else f"{instance.stale:.0f}"
         last = "topic missing" if instance.records is None else _when(instance.last_event_at, now)
         if instance.name == AGGREGATE:
             last = "(the workers aggregate their instances' metrics)"
-        lines.append(f"  {instance.name:<20} {instance.topic:<40} {rate:>9} {emitted:>9}  {last}")
+        lines.append(
+            f"  {instance.name:<20} {instance.topic:<40} {rate:>9} {emitted:>9} "
+            f"{duplicates:>9} {stale:>7}  {last}"
+        )
     if snap.more_instances:
         lines.append(
             f"  ... and {snap.more_instances:,} more instance(s): those that emitted most are "
             "listed"
         )
     if not any(worker.ready is not None for worker in snap.workers):
-        lines.append("  (events/s and emitted: from the workers' /metrics; none answered)")
+        lines.append(
+            "  (events/s, emitted, duplicate, stale: from the workers' /metrics; none answered)"
+        )
+    letters = "?" if snap.dead_letters is None else f"{snap.dead_letters:.0f}"
+    lines.append("")
+    lines.append(
+        f"dead letters: {letters} to {snap.dead_letter_topic} (counts: since the workers "
+        "started); `make dead-letters` shows each with its reason"
+    )
     return "\n".join(lines)
 
 

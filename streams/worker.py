@@ -186,7 +186,7 @@ class StreamsApp(faust.App):
             "ready: stages %s; state in RocksDB at %s (Faust's banner `store` is its own "
             "table store, unused); web http://%s:%d; started in %.1f s",
             stages,
-            pipeline.store.directory,
+            os.path.abspath(pipeline.store.directory),  # a relative data_dir: of the checkout
             stream.web_host,
             stream.web_port,
             time.monotonic() - self.started_at,

@@ -4,6 +4,12 @@ makes a new one each time, `make tail` says how many events it printed from befo
 started, the example consumer prints what arrives, Ctrl-C of `make tail` prints no make
 `Interrupt` line, and Ctrl-C of `make run` leaves nothing running.
 
+Issue 35: every command after `make run` is typed in a fresh shell with no variable set (the
+stack `make run` recorded is found wherever its ports are), the README's consumer block is the
+shipped file and runs as shown; bad input is visible (`make run`'s console line, `make
+dead-letters` with the reason, `make status`'s duplicate and dead-letter counts, `make tail`
+refusing a variable it does not take); a taken port stops `make run` at once with one line.
+
 HOME is a temporary directory (so the broker's state and the run logs are the test's own);
 the jars come from the usual cache (LOCAL_KAFKA_LIBS).
 """
@@ -12,7 +18,9 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -42,6 +50,12 @@ class Stack:
     output: Lines
     webhook_port: int
     kafka_port: int
+    home: Path
+
+    @property
+    def fresh(self) -> dict[str, str]:
+        """Another terminal: the same user (HOME), none of the variables `make run` got."""
+        return plain_env(self.home)
 
 
 def plain_env(home: Path, **more: str) -> dict[str, str]:
@@ -128,7 +142,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     output = Lines(process.stdout)
     try:
         assert output.until("Send a test S3 notification", 240), "".join(output.seen)
-        yield Stack(env, process, output, webhook_port, kafka_port)
+        assert output.until("Ctrl-C here stops", 10), "".join(output.seen)  # the banner, whole
+        yield Stack(env, process, output, webhook_port, kafka_port, home)
     finally:
         if process.poll() is None:
             interrupt(process)
@@ -149,7 +164,7 @@ def make_send(stack: Stack) -> None:
     sent = subprocess.run(
         ["make", "--no-print-directory", "send"],
         cwd=ROOT,
-        env=stack.env,
+        env=stack.fresh,
         capture_output=True,
         text=True,
         check=False,
@@ -158,12 +173,32 @@ def make_send(stack: Stack) -> None:
     assert "HTTP 202" in sent.stdout
 
 
+def readme_consumer() -> str:
+    """The README's Python block of "Consuming the output"."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Consuming the output", 1)[1]
+    match = re.search(r"^```python\n(.*?)^```", section, re.S | re.M)
+    assert match, "no Python block in the README's consumer section"
+    return match.group(1)
+
+
+def test_the_readme_consumer_is_the_shipped_file() -> None:
+    shipped = (ROOT / "examples" / "first_consumer.py").read_text(encoding="utf-8")
+    block = readme_consumer()
+    assert block.startswith("import ")
+    assert shipped.endswith("\n\n" + block), "README.md's consumer differs from the file"
+
+
 def test_the_sample_twice_is_one_event_and_make_send_a_new_one_each_time(stack: Stack) -> None:
-    # The README's consumer, as written, in the activated virtualenv.
+    # The banner's commands need no variable: each finds the stack.
+    banner = "".join(stack.output.seen)
+    assert "\n    make send\n" in banner and "\n    make tail " in banner, banner
+    # The README's consumer block, as shown, in the activated virtualenv of another
+    # terminal: no variable says where Kafka is.
     consumer = launch(
-        ["/bin/bash", "-c", ". .venv/bin/activate && exec python -m examples.first_consumer"],
+        ["/bin/bash", "-c", '. .venv/bin/activate && exec python -c "$CONSUMER"'],
         cwd=ROOT,
-        env={**stack.env, "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{stack.kafka_port}"},
+        env={**stack.fresh, "CONSUMER": readme_consumer()},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -190,7 +225,7 @@ def test_the_sample_twice_is_one_event_and_make_send_a_new_one_each_time(stack: 
     tail = launch(
         ["make", "--no-print-directory", "tail"],
         cwd=ROOT,
-        env=stack.env,
+        env=stack.fresh,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
@@ -202,6 +237,88 @@ def test_the_sample_twice_is_one_event_and_make_send_a_new_one_each_time(stack: 
     assert said.seen[-1].startswith("# 3 earlier event(s) above"), said.seen
     assert len(tailed.rest()) == 3
     assert not [line for line in said.rest() if "Interrupt" in line]  # no make `Interrupt` line
+
+
+def make(stack: Stack, *args: str, **more: str) -> subprocess.CompletedProcess[str]:
+    """A make command typed in another terminal (`more`: variables typed before it)."""
+    return subprocess.run(
+        ["make", "--no-print-directory", *args],
+        cwd=ROOT,
+        env={**stack.fresh, **more},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def post(port: int, body: bytes) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/hooks/s3", data=body, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return int(response.status)
+
+
+def test_bad_input_duplicates_and_dead_letters_are_visible(stack: Stack) -> None:
+    """After the previous test's duplicate, one delivery that is not JSON."""
+    assert post(stack.webhook_port, b"hello world") == 202  # published: the stream decides
+    # make run's console names it at once, and where to read more.
+    assert stack.output.until("`make dead-letters` shows each with its reason", 120), "".join(
+        stack.output.seen
+    )
+    assert "dead-lettered a delivery from files.raw" in stack.output.seen[-1]
+
+    letters = launch(
+        ["make", "--no-print-directory", "dead-letters"],
+        cwd=ROOT,
+        env=stack.fresh,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    shown, said = Lines(letters.stdout), Lines(letters.stderr)
+    try:
+        assert shown.until("11 bytes: 'hello world'", 60), shown.seen + said.seen
+    finally:
+        interrupt(letters, 30)
+    (line,) = shown.seen
+    assert " normalize (source s3, transport webhook): " in line, line
+
+    status = make(stack, "status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert f"worker http://127.0.0.1:{stack.env['STREAMS_WEB_PORT']}: ready" in status.stdout
+    (row,) = [r for r in status.stdout.splitlines() if r.strip().startswith("default ")]
+    # instance, topic, events/s, emitted, duplicate, stale
+    assert row.split()[3:6] == ["3", "1", "0"], status.stdout
+    assert "dead letters: 1 to files.dead-letter" in status.stdout, status.stdout
+
+    refused = make(stack, "tail", "TOPIX=files.dead-letter")
+    assert refused.returncode == 2 and "make tail: unknown variable TOPIX" in refused.stderr
+    # A command told to look elsewhere says where the running stack is.
+    missed = make(stack, "send", WEBHOOK_PORT=str(free_port()))
+    assert missed.returncode != 0
+    assert f"WEBHOOK_PORT={stack.webhook_port} make send" in missed.stderr, missed.stderr
+
+
+def test_a_taken_port_stops_make_run_at_once_with_one_line(tmp_path: Path) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        began = time.monotonic()
+        ran = subprocess.run(
+            ["make", "--no-print-directory", "run"],
+            cwd=ROOT,
+            env=plain_env(tmp_path, WEBHOOK_PORT=str(port), LOCAL_KAFKA_PORT=str(free_port())),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    assert ran.returncode != 0
+    assert time.monotonic() - began < 60  # nothing started: no broker, no worker
+    assert (
+        f"[make run] port {port} (WEBHOOK_PORT, the webhook bridge) on 127.0.0.1 is used by "
+        f"another process; stop it, or move the webhook bridge: WEBHOOK_PORT=<free port> make run"
+    ) in ran.stdout, ran.stdout + ran.stderr
 
 
 def test_ctrl_c_of_make_run_leaves_nothing_running(stack: Stack) -> None:
@@ -217,3 +334,5 @@ def test_ctrl_c_of_make_run_leaves_nothing_running(stack: Stack) -> None:
         check=False,
     )
     assert status.returncode == 1 and "not running" in status.stdout
+    # Its record is gone with it: commands fall back to the defaults.
+    assert not (stack.home / ".cache" / "storage-events" / "run" / "stack.json").exists()

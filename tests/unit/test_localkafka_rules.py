@@ -9,7 +9,6 @@ import pytest
 
 from dev.kafka import localkafka
 from dev.kafka.localkafka import Layout, LocalKafkaError
-from dev.run import tail_command
 
 
 def layout(tmp_path: Path, security: str = "sasl_ssl", port: int = 19150) -> Layout:
@@ -108,24 +107,3 @@ def test_the_running_listener_is_read_back_from_server_properties(tmp_path: Path
     message = str(refused.value)
     assert "(pid 4321) on port 19160 (plaintext)" in message and "\n" not in message
     localkafka.refuse_if_running_otherwise(plain, pid=4321)  # the same: no refusal
-
-
-@pytest.mark.parametrize(
-    ("environ", "command"),
-    [
-        ({}, "make tail"),
-        ({"LOCAL_KAFKA_PORT": "19093"}, "LOCAL_KAFKA_PORT=19093 make tail"),
-        (
-            {"LOCAL_KAFKA_DIR": "/tmp/my kafka", "LOCAL_KAFKA_PORT": "19093"},
-            "LOCAL_KAFKA_DIR='/tmp/my kafka' LOCAL_KAFKA_PORT=19093 make tail",
-        ),
-        (
-            {"KAFKA_BOOTSTRAP_SERVERS": "kafka:9092", "LOCAL_KAFKA_PORT": "19093"},
-            "KAFKA_BOOTSTRAP_SERVERS=kafka:9092 make tail",
-        ),
-    ],
-)
-def test_make_runs_banner_names_the_setting_that_moved_the_broker(
-    environ: dict[str, str], command: str
-) -> None:
-    assert tail_command(environ) == command

@@ -16,9 +16,11 @@ from streams.status import (
     WorkerStatus,
     emitted_totals,
     lag_of,
+    outcome_totals,
     progress_line,
     render,
     shown_instances,
+    summed_counts,
 )
 
 MEMBER = "app-emit-0fc6949e-f2cd-4a84-b5a5-2fbf8d71aa11"
@@ -138,3 +140,36 @@ def test_with_thousands_of_instances_the_view_lists_those_that_emitted_most() ->
     assert [i.name for i in shown_instances(instances[:2], None)] == ["tenant-0", "tenant-1"]
     snap = replace(snapshot(), more_instances=9_950)
     assert "... and 9,950 more instance(s): those that emitted most are listed" in render(snap)
+
+
+def test_duplicates_stale_events_and_dead_letters_are_counted() -> None:
+    """Issue 35, item 3: after a duplicate and a dead letter, the view says so."""
+    text = (
+        'storage_events_duplicates_total{instance="default"} 1.0\n'
+        'storage_events_stale_total{instance="default"} 2.0\n'
+        'storage_events_dead_lettered_total{stage="normalize"} 1.0\n'
+        'storage_events_dead_lettered_total{stage="emit"} 0.0\n'
+        'storage_events_emitted_total{instance="default"} 3.0\n'
+    )
+    counts = outcome_totals(text)
+    assert counts == {
+        "duplicates": {"default": 1.0},
+        "stale": {"default": 2.0},
+        "dead_letters": {"normalize": 1.0, "emit": 0.0},
+    }
+    two = [WorkerStatus("http://a", True, None, {}, counts)] * 2
+    assert summed_counts(two) == {
+        "duplicates": {"default": 2.0},
+        "stale": {"default": 4.0},
+        "dead_letters": {"normalize": 2.0, "emit": 0.0},
+    }
+    assert summed_counts([WorkerStatus("http://b", None, "no answer")]) is None
+    snap = snapshot()
+    default = replace(snap.instances[0], duplicates=1.0, stale=0.0)
+    screen = render(replace(snap, instances=(default, *snap.instances[1:]), dead_letters=1.0))
+    (row,) = [line for line in screen.splitlines() if line.strip().startswith("default ")]
+    assert row.split()[:6] == ["default", "files.events.default", "2.5", "4", "1", "0"]
+    assert "dead letters: 1 to files.dead-letter" in screen
+    assert "`make dead-letters` shows each with its reason" in screen
+    assert "dead letters: ? to" in render(snap)  # no worker's metrics: not known
+    assert snap.to_json()["instances"][0]["duplicates"] is None
