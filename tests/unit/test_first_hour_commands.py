@@ -213,3 +213,20 @@ def test_a_dead_letter_is_one_line_with_its_reason() -> None:
     )
     assert "s3: not JSON: expecting value\\nforged line | 120 bytes: " in line
     assert line.endswith("...")
+
+
+def test_fileevents_without_an_address_reads_the_stack_make_run_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35, item 1: the README's consumer raised ValueError with no variable set."""
+    from fileevents.app import _connection
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("KAFKA_BOOTSTRAP_SERVERS", "LOCAL_KAFKA_PORT", "LOCAL_KAFKA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    assert _connection(None, None).bootstrap_servers == "127.0.0.1:9092"
+    localstack.write(a_stack(), tmp_path)
+    assert _connection(None, None).bootstrap_servers == "127.0.0.1:29192"
+    assert _connection("kafka:9092", None).bootstrap_servers == "kafka:9092"
+    monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "other:9092")
+    assert _connection(None, None).bootstrap_servers == "other:9092"
