@@ -17,7 +17,7 @@ The scope (`streams.core.ordering.scope`) is the provider that issued the id and
 Azure storage account or AWS partition where one endpoint receives several: one provider's
 credential cannot make another provider's change a duplicate (a B2 `eventId` equal to an S3
 change's derived id) or stale (a MinIO sequencer `"F" * 64`, a Supabase time of 9999-12-31),
-and same-named buckets of two providers no longer order against each other.
+and same-named buckets of two providers never order against each other.
 
 State (the tables are co-partitioned with the repartition topic; the partition is the input
 record's). One record per key holds all an event's decision reads (streams.core.keystate: the
@@ -29,62 +29,28 @@ one changelog record:
   id is kept apart from the provider's ids under the same key (`id_scope`): a listing's id
   never takes a provider's.
 * `seen`: ids a hot key's record could not keep (`keystate.RECENT_IDS`), read only for a key
-  whose record says so (`spill_until`), and the ids recorded before per-key state. Keys
-  (`id_scope`): `<instance>/<id>` when the id is the provider's own derived id
-  (`<provider>:...`, S3, GCS, MinIO, Supabase, Appwrite, reconcile, and B2/Box/Cloudinary
-  fallbacks) and the scope is the provider itself: the key the stream wrote before scopes.
-  Otherwise `<instance>|<scope>|<id>`. Instance names hold no `|` and scopes neither `|`, `/`
-  nor `:`, so no two (instance, scope, id) share a key, and a key of the first form with the
-  id `<p>:...` can only be written by provider `p`.
-* `marks`: before per-key state, `<instance>|<scope>|<bucket>/<key>` (before scopes:
-  `<instance>/<bucket>/<key>`) -> the key's mark. Migrated into `keys` when a partition is
-  restored (streams.stages.emit), then emptied.
+  whose record says so (`spill_until`). Keys (`id_scope`): `<instance>/<id>` when the id is
+  the provider's own derived id (`<provider>:...`) and the scope is the provider itself, else
+  `<instance>|<scope>|<id>`. Instance names hold no `|` and scopes neither `|`, `/` nor `:`, so
+  no two (instance, scope, id) share a key, and a key of the first form with the id `<p>:...`
+  can only be written by provider `p`.
+* `marks`: read only to move state written by older versions into `keys`
+  (`migrated_mark`, at a partition's restore), then emptied.
 
-Upgrade from two tables (`seen` and `marks`, before per-key state). A partition's marks move
-into `keys` records of the same keys at its first restore (`migrated_mark`), so ordering state
-carries over whole. Ids cannot move (a `seen` key names no object key), so on a partition's
-first plan the `keys` entry `SEEN_UNTIL_KEY` is written: now + the longest dedupe TTL when
-the partition had state (a `seen` or `marks` changelog offset), else now. Until then a miss in
-a key's ids also reads `seen`, as a hot key's does: a redelivery of a change handled before
-the upgrade is still a duplicate. After it the old ids have expired in any case, and a new
-event costs its one read.
+State written by older versions (two tables; keys without scopes) is read for one window, the
+longest dedupe TTL after a partition's first plan (`SEEN_UNTIL_KEY`, `LEGACY_UNTIL_KEY`): a
+miss in a key's record also reads `seen` and the unscoped keys, under rules that let no
+provider's delivery reach another's state (`legacy_id_readable`, `legacy_mark_applies`).
+What each upgrade keeps, and why that is safe: docs/upgrading.md, "Per-key state" and "Provider
+scopes in the stream's state".
 
-Upgrade from unscoped state. Databases and changelogs written before scopes hold `seen`
-entries `<instance>/<id>` for every id and `marks` `<instance>/<bucket>/<key>` for every key
-(now `keys` records of those keys). On a partition's first plan, the `keys` entry
-`LEGACY_UNTIL_KEY` is written unless it is there (copied from `marks`): now + the longest
-dedupe TTL when the partition already had state (its changelog offset key is set), else now.
-Until that time, and only then, a miss of a scoped key falls back to the old key:
-
-* `seen`, for an id of the second form: the old key `<instance>/<id>`, unless the id starts
-  with `<p>:` for a source `p` other than the event's provider. Since scopes, the old form is
-  written only for provider `p`'s own `<p>:` ids; so the fallback reads either entries written
-  before the upgrade or the event's own provider's. No delivery after the upgrade can make
-  another provider's change a duplicate through it, and an old entry counts only until its
-  own expiry (no later than the window).
-* the mark: the record of the old key, which nothing writes any more, so only marks recorded
-  before the upgrade are read. One applies only to an event of the provider it came from: an
-  id `<p>:...` belongs to `p`, else the token kind names the provider (an unprefixed id with
-  an AWS sequencer is EventBridge's, Azure's with an Azure sequencer; a time-only mark with an
-  unprefixed id may be B2's, Box's, Cloudinary's, Azure's or EventBridge's), and only with
-  the same token kind (tokens compared with tokens, times with times). Its time is bounded
-  like any mark's.
-
-So a redelivery of a change handled before the upgrade is still a duplicate, and an older
-change of a key last emitted before it is still stale, for the longest TTL after the upgrade;
-then the old keys are no longer read (after the TTL a redelivery is no duplicate in any case).
-A mark poisoned before the upgrade (by the very attack scopes prevent) affects only its own
-provider's events of that key, and only until the window closes. The fallback costs a read
-only on a miss, only in the window, and never on a partition that starts without state.
-
-Deleted keys' marks expire (streams.core.ordering `with_grace`): the mark a `deleted` event leaves
-records `forget_at` = now + the grace (`stream.deleted_mark_grace_s`, else the instance's
-`dedupe_ttl`: `deleted_mark_grace`). Past it, the plan reads the mark as none; once the key's
-ids have expired too, a restore skips its record (`keystate.record_forget_at`) and the
-worker's sweeper deletes it and tombstones it in the changelog (`key_revision`). Marks written
-before this rule carry no `forget_at`: the sweeper stamps those of deleted keys (both key
-forms) with the sweep's time + the grace, so they are forgotten a grace after the first sweep
-that sees them, never earlier. Live keys' records stay.
+Deleted keys' marks expire (streams.core.ordering `with_grace`): the mark a `deleted` event
+leaves records `forget_at` = now + the grace (`stream.deleted_mark_grace_s`, else the
+instance's `dedupe_ttl`: `deleted_mark_grace`). Past it, the plan reads the mark as none; once
+the key's ids have expired too, a restore skips its record (`keystate.record_forget_at`) and
+the worker's sweeper deletes it and tombstones it in the changelog (`key_revision`). A
+deleted key's mark without `forget_at` is stamped by the sweeper with the sweep's time + the
+grace. Live keys' records stay.
 
 The plan holds the records to send and the state to record once Kafka acknowledged them:
 a batch that fails to send records nothing, so its redelivery runs again.
