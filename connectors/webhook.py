@@ -6,162 +6,24 @@ the request is authentic, and it is answered 202 only once Kafka acknowledged th
 authenticated body that is not valid JSON is still published (the stream dead-letters it):
 nothing is lost. Handshakes are answered as each provider expects and are never published.
 
-Every route is configured under `[webhook.routes.<source>]` (`streams.config.WebhookRouteConfig`
-documents each field). Secrets are never in the file: `secret_env` (older name `token_env`)
-and `secondary_secret_env` name environment variables. A route is on when its credentials
-are configured, or when it is `insecure` (or listed in `WEBHOOK_INSECURE_SOURCES`), which is
-for local development only and logged as a warning at start-up; otherwise it answers 404. A
-secret variable that is unset, empty or only whitespace is missing (a warning at start-up
-names it); an empty credential never matches.
+Routes: one per source of `PUSH_SOURCES`, configured under `[webhook.routes.<source>]`
+(`streams.config.WebhookRouteConfig`), authenticated by `connectors.webhook_auth.<source>`
+(`build_routes`); on when its credentials are configured, or when it is insecure (local
+development only, a warning at start-up); else 404. Secrets are never in the file: the route
+names the environment variables that hold them.
 
-Routes (scheme checked in constant time; config fields of `[webhook.routes.<source>]`):
+A request is checked cheapest first, each check refusing before the next costs anything:
+route, method, encoding, announced length, repeated headers a decision reads
+(`Route.single`), header budget, what the scheme can check from the head alone
+(`before_body`), and only then the body is read (bounded in time and bytes held, by
+`connectors.http_server`) and its signature checked. The published record is the body as
+received, with the raw-topic contract's headers (`connectors.publisher.raw_headers`; no
+credential header, no query string).
 
-`POST /hooks/s3` -- S3 -> Amazon SNS HTTP(S) subscription.
-    SNS message signature, `SignatureVersion` 1 (SHA1) or 2 (SHA256), verified with the X.509
-    certificate at `SigningCertURL` (https, host `sns.<region>.amazonaws.com[.cn]`, `.pem`,
-    valid now, SNS subject, its chain verified up to the system trust store or
-    `trusted_ca_file`, cached); the `TopicArn` must be allowed; no field beside those SNS
-    sends (401 `unsigned-fields`); `Timestamp` at most `max_message_age_s` old (1 h) and 5 min
-    ahead (401 `replayed`); see `connectors.webhook_auth.s3`. A verified
-    `SubscriptionConfirmation` is confirmed by a GET of its `SubscribeURL` and answered 200
-    (503 when the GET fails); a verified `UnsubscribeConfirmation` is logged and answered 200;
-    neither is published. Raw message delivery must be off.
-    Fields: `topic_arns` (non-empty turns the route on), `confirm_subscriptions`,
-    `certificate_files`, `trusted_ca_file`, `certificate_cache_s`, `max_message_age_s`.
-`POST /hooks/eventbridge` -- EventBridge API destination.
-    The connection's API key header (`ApiKeyName: ApiKeyValue`), or `Authorization: Basic`.
-    Fields: `auth` (`api_key` | `basic`), `secret_env`, `secret_header`, `basic_username`.
-`POST /hooks/gcs` -- GCS -> Pub/Sub push subscription.
-    Google-signed OIDC token in `Authorization: Bearer`: RS256 with Google's JWKS keys, `aud`,
-    `iss` `https://accounts.google.com` or `accounts.google.com`, `email` = the service
-    account, `email_verified`, `exp`/`iat`; and/or a shared token in the query string.
-    Fields: `audience` + `service_account` (OIDC), `issuers`, `jwks_url`, `jwks_file`,
-    `jwt_leeway_s`; `secret_env`, `secret_query_param` (default `token`).
-`POST /hooks/azure`, `OPTIONS /hooks/azure` -- Azure Event Grid webhook.
-    A shared secret in the query string (default `?code=`) or a delivery header, on every
-    request. Event Grid schema `SubscriptionValidationEvent`: answered 200
-    `{"validationResponse": "<code>"}`, not published. CloudEvents abuse protection (OPTIONS):
-    `WebHook-Request-Origin` -> `WebHook-Allowed-Origin`, `WebHook-Allowed-Rate`, `Allow`
-    (403 for an origin not allowed).
-    Fields: `secret_env`, `secret_query_param`, `secret_header`, `allowed_origins` (default
-    `eventgrid.azure.net`), `allowed_rate` (default `*`).
-`POST /hooks/minio` -- MinIO webhook target.
-    `Authorization: Bearer <auth_token>` (the token as is when it reads `<scheme> <token>`).
-    Fields: `secret_env`.
-`POST /hooks/supabase` -- Supabase Database Webhook.
-    The secret header configured on the webhook, compared whole.
-    Fields: `secret_env`, `secret_header`.
-`POST /hooks/b2` -- Backblaze B2 Event Notifications.
-    `X-Bz-Event-Notification-Signature: v1=<hex HMAC-SHA256 of the body>`, keyed with the
-    rule's signing secret. Fields: `secret_env`.
-`POST /hooks/box` -- Box webhooks V2.
-    base64 HMAC-SHA256 over body + `BOX-DELIVERY-TIMESTAMP` in `BOX-SIGNATURE-PRIMARY` /
-    `BOX-SIGNATURE-SECONDARY` (either key matching), version `1`, `HmacSHA256`, timestamp
-    within the window (default 10 min).
-    Fields: `secret_env` (primary key), `secondary_secret_env`, `replay_window_s`.
-`POST /hooks/cloudinary` -- Cloudinary notifications.
-    `X-Cld-Signature` = hex SHA-1 (or SHA-256) of body + `X-Cld-Timestamp` + API secret,
-    timestamp within the window (default 2 h).
-    Fields: `secret_env`, `signature_algorithm`, `replay_window_s`.
-`POST /hooks/appwrite` -- Appwrite webhooks.
-    `X-Appwrite-Webhook-Signature` = base64 HMAC-SHA1 of (registered URL + body), keyed with
-    the webhook's signature key. The event header (`X-Appwrite-Webhook-Events`, which says
-    create or delete) is not signed: while a signed body is remembered (`event_memory` bodies
-    for `event_memory_s`, default 10,000 for 24 h, per process) it is admitted again only with
-    the same header, or once as a file delete; a deleted file's body as a create is refused
-    (see `webhook_auth.appwrite` for what this cannot prevent).
-    Fields: `secret_env`, `url`, `event_memory`, `event_memory_s`.
-
-Example (secrets in the environment variables named here):
-
-    [webhook]
-    max_body_bytes = 1048576
-    [webhook.routes.s3]
-    topic_arns = ["arn:aws:sns:eu-west-1:123456789012:uploads"]
-    [webhook.routes.gcs]
-    audience = "https://hooks.example.com/hooks/gcs"
-    service_account = "gcs-push@my-project.iam.gserviceaccount.com"
-    [webhook.routes.azure]
-    secret_env = "EVENT_GRID_SECRET"          # endpoint URL .../hooks/azure?code=<secret>
-    [webhook.routes.supabase]
-    secret_env = "SUPABASE_WEBHOOK_SECRET"
-    secret_header = "x-webhook-secret"
-    [webhook.routes.box]
-    secret_env = "BOX_PRIMARY_KEY"
-    secondary_secret_env = "BOX_SECONDARY_KEY"
-    [webhook.routes.appwrite]
-    secret_env = "APPWRITE_SIGNATURE_KEY"
-    url = "https://hooks.example.com/hooks/appwrite"
-
-Order of checks, cheapest first, each refusing before the next costs anything: route (404),
-method (405), a `Content-Encoding` other than `identity` (415: no provider encodes what it
-posts, and aiohttp's decoding is off, so a body is always the bytes that came and
-`max_body_bytes` bounds what was sent), announced Content-Length (413), a header the route's
-authenticator or its source's normalizer reads given more than once (400 `repeated-header`:
-`Route.single`; so the value checked is the only one forwarded), header budget (431), then
-what the route can
-check from the head alone (`before_body`: the whole credential for MinIO, Supabase,
-EventBridge, Azure, GCS; the signature headers, their algorithm and the signed timestamp's
-window for B2, Box, Cloudinary, Appwrite), and only then the body is read (bounded in time
-and in bytes held) and the signature over it checked. SNS needs the body first (its signature
-is inside the JSON), but a body naming no `Signature` or no allowed topic is refused by a
-byte search before it is parsed. So a request without a valid secret is refused before its
-body is read, held or parsed wherever the scheme puts the secret outside the body.
-
-Answers: 202 published; 200 handshake answered (never published); 401 unauthenticated,
-forged, unsigned, truncated or wrong-algorithm signature, replayed (outside the window), an
-Appwrite body seen with another event header, or an SNS topic not allowed; 400 a header the
-route reads given twice, a request aiohttp cannot parse (including more than 64 header lines
-or a line over 8,190 bytes), a body cut off, an unreadable delivery, or a malformed Azure
-handshake; 403 a refused Azure origin; 404 route off (and `/healthz`, `/ready`, `/metrics`
-when `webhook.admin_port` is set); 405 method; 415 an encoded body (with `Accept-Encoding:
-identity`); 408 body not received whole within `webhook.body_timeout_s` (15 s); 413 body over
-`webhook.max_body_bytes` (default 1 MiB), or too large for a Kafka record (a retry could never
-succeed); 431 headers over `webhook.max_header_bytes` (64 KiB); 503 (with Retry-After) the
-bodies held at once would exceed `webhook.max_bodies_bytes` (64 MiB), or more than
-`webhook.max_connections` (256) connections are open (answered and closed at accept); 503
-Kafka did not acknowledge within `webhook.publish_timeout_s` (also while the bridge is still
-connecting), or a signing certificate / Google key set / SNS subscription confirmation could
-not be fetched, so the provider delivers again. Box, Cloudinary and SNS sign a timestamp, so
-only they have a replay window; other sources' duplicates are dropped by the stream's dedupe.
-
-Resource bounds (public port): at most `max_connections` connections; a connection that has
-not sent a complete request head within `idle_timeout_s` (15 s) of opening or of its previous
-answer is closed (slow headers, idle keep-alive); at most 64 header lines of 8,190 bytes; a
-body must arrive whole within `body_timeout_s` of its head; body bytes held at once across
-requests, beyond each body's first 64 KiB, at most `max_bodies_bytes` (so small deliveries
-still pass while large ones are refused); after an answer sent before the body was read
-whole, the rest is drained for at most 2 s, then the connection is closed. The raw record is
-bounded as a whole: `max_body_bytes + max_header_bytes` plus 16 KiB of framing must fit the
-raw topic's record limit (`streams.engine.topics.RAW_MAX_MESSAGE_BYTES`), checked at start-up.
-The server pieces that hold these bounds are in `connectors.http_server`.
-
-Published record: value = the body as received; headers per the raw-topic contract
-(`streams.core.records`): `source`, `transport` (`webhook`), `delivery-id`, `received-at`,
-`header.<lower-case name>` once per name (a repeated header's lines joined with `, `) for
-every HTTP header except credentials (`authorization`,
-`cookie`, `x-api-key`, and the route's own secret header). The query string is not published
-and not logged: the access log writes the path and the query's parameter names only
-(`/hooks/azure?code=***`).
-
-    GET /healthz   200 while the bridge runs (liveness); `kafka`: whether Kafka acknowledged
-                   a write or answered the producer's metadata request within the last
-                   3 s (connectors.publisher.HEALTH_WINDOW_S), i.e. now
-    GET /ready     readiness: 200 while `kafka` is true, else 503
-    GET /metrics   Prometheus: bridge_webhook_accepted, bridge_webhook_rejected{reason},
-                   bridge_webhook_handshakes{kind}, bridge_webhook_publish_seconds,
-                   bridge_webhook_connections, bridge_webhook_bodies_held_bytes
-On the public port unless `webhook.admin_port` (env WEBHOOK_ADMIN_PORT, host
-`webhook.admin_host` / WEBHOOK_ADMIN_HOST, default `host`) is set: then only there.
-
-`rejected` reasons: no-route, method-not-allowed, too-large, too-large-for-kafka,
-headers-too-large, bodies-over-budget, body-timeout, incomplete, too-many-connections (source
-`?`), encoded-body, repeated-header, unreadable, missing-credentials, bad-credentials,
-missing-signature, bad-signature, wrong-algorithm, replayed, malformed, unsigned-fields,
-event-mismatch, unknown-topic, bad-certificate, certificate-unavailable, confirmation-failed,
-bad-token, keys-unavailable, origin-not-allowed, kafka-unavailable.
-Handshake kinds: subscription-confirmation, unsubscribe-confirmation (s3),
-subscription-validation, subscription-deletion, abuse-protection (azure).
+Every route's scheme and config fields, the example configuration, the order of checks, every
+answer, the resource bounds, `/healthz`, `/ready`, `/metrics` and the `rejected` reasons:
+docs/bridges.md, "The webhook bridge in detail"; `python -m connectors webhook --help` lists
+the routes and the variables.
 """
 
 from __future__ import annotations
