@@ -413,3 +413,19 @@ def test_the_idempotent_sender_stores_each_record_once_through_a_lost_produce_an
     assert proxy.hit[PRODUCE] == 1
     values = sorted(read.value or b"" for read in run(read_topic(broker.bootstrap, topic)))
     assert values == sorted(record.value or b"" for record in records)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("api", [END_TXN, TXN_OFFSET_COMMIT], ids=["EndTxn", "TxnOffsetCommit"])
+def test_a_call_timing_out_after_its_request_was_sent_commits_the_batch_once(
+    proxied: tuple[PrivateBroker, FaultProxy], proxy: FaultProxy, short_calls: None, api: int
+) -> None:
+    """The answer to the commit (or to the offsets) held past the call's timeout: librdkafka
+    answers a retriable timeout, the call is made again inside the transaction (never an
+    abort: the broker may be committing it), and the batch is written once."""
+    broker, _ = proxied
+    batch = run(Batch.new(broker.bootstrap))
+    proxy.delay_answer(api, 8.0)
+    outcome = run(drive(broker.proxy_bootstrap, batch, Producer))
+    assert proxy.hit[api] >= 1
+    run(check(broker, batch, outcome))
