@@ -1,0 +1,313 @@
+"""Issue 33: what the number of storage instances (tenants) costs stage one, in-process.
+
+    python -m benchmarks.tenants [--deliveries 2000] [--sizes 1,100,10000]
+
+For each size, a configuration of that many instances sharing one bucket, each keeping its
+prefix (`bucket = "uploads"`, `prefix = "tenant-<i>"`, `sources = ["s3"]`, the spec's
+multi-tenant case), written as TOML and loaded by `load_settings` (best of 3, wall clock and
+this process's CPU: most of it is reading the TOML, tomllib being pure Python);
+then `streams.core.routing.route` over the same number of S3 deliveries (one object each, keys
+`tenant-<i>/...` spread evenly over the tenants, so every delivery is kept by exactly one
+instance), best of 3 passes, this process's CPU, after one delivery has built the instance
+index (its build, once per Settings, is its own column). One table; the last line compares
+10,000 instances with 1 (issue 33: at most 1.5x). `STORAGE_EVENTS_PURE=1` times the
+interpreted core instead of the compiled one.
+
+    python -m benchmarks.tenants --worker [--worker-deliveries 20000] [--worker-sizes 1,1000]
+
+adds the whole worker (`faust -A streams worker`, both stages, `exactly_once`) on a PRIVATE
+broker of its own (dev/kafka/private.py, in a temporary directory), on the same input for
+each size: `--worker-deliveries` S3 deliveries (one object each, distinct keys
+`tenant-<i % 1000>/...`, so that nothing is a duplicate or stale). With 1
+instance, that instance takes the whole bucket (no prefix), so that it emits every event as
+the 1,000 tenants do between them (with 2 to 999 instances, the first tenants' events are
+kept, the others counted `no-instance`). Per size, on a raw topic of its own filled before the
+worker starts: `create-topics`, the worker's start-up (its ready line's "started in"), events/s
+from its first delivery read to every event emitted (its `/metrics`, aggregated by
+`STREAMS_INSTANCE_METRICS_LIMIT=0` so that the page polled is the same size), and the worker's
+CPU (both processes) per delivery over that time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks.harness import (
+    ROOT,
+    PrivateBroker,
+    WorkerProcess,
+    finish_on_sigterm,
+    free_port,
+    metric_sums,
+    private_broker_env,
+)
+from benchmarks.pipeline import Raw, fill, tree_cpu_seconds
+from streams import core
+from streams.config import Settings, load_settings
+from streams.core.records import RawRecord
+from streams.core.routing import instance_index, route
+from streams.stages.pipeline import settle_collector
+
+BUCKET = "uploads"
+
+
+def config_text(instances: int) -> str:
+    lines = ['[stream]\nraw_topics = ["files.raw"]\n']
+    for number in range(instances):
+        lines.append(
+            f'[[instances]]\nname = "tenant-{number}"\nbucket = "{BUCKET}"\n'
+            f'prefix = "tenant-{number}"\nsources = ["s3"]\n'
+        )
+    return "".join(lines)
+
+
+def s3_delivery(key: str, sequencer: int) -> RawRecord:
+    record = {
+        "eventVersion": "2.1",
+        "eventSource": "aws:s3",
+        "awsRegion": "us-east-1",
+        "eventTime": "2026-12-07T00:00:00.000Z",
+        "eventName": "ObjectCreated:Put",
+        "s3": {
+            "s3SchemaVersion": "1.0",
+            "bucket": {"name": BUCKET},
+            "object": {"key": key, "size": 1024, "eTag": "abc", "sequencer": f"{sequencer:016X}"},
+        },
+    }
+    body = json.dumps({"Records": [record]}).encode()
+    return RawRecord("files.raw", body, {"source": b"s3"})
+
+
+def best_of_three(work: Callable[[], object], clock: Callable[[], float]) -> float:
+    best = float("inf")
+    for _ in range(3):
+        started = clock()
+        work()
+        best = min(best, clock() - started)
+    return best
+
+
+def measure(
+    instances: int, deliveries: int, workdir: Path
+) -> tuple[float, float, float, float, int]:
+    """(settings load s wall, and CPU, index build s, route s per delivery, records routed)."""
+    config = workdir / f"tenants-{instances}.toml"
+    config.write_text(config_text(instances))
+    loaded: list[Settings] = []
+    load = best_of_three(
+        lambda: loaded.append(load_settings(config, environ={})), time.perf_counter
+    )
+    load_cpu = best_of_three(lambda: load_settings(config, environ={}), time.process_time)
+    settings = loaded[-1]
+    started = time.perf_counter()
+    instance_index(settings)
+    build = time.perf_counter() - started
+    raws = [
+        s3_delivery(f"tenant-{number % instances}/photos/{number}.jpg", number)
+        for number in range(deliveries)
+    ]
+    routed = [route(raw, None, settings) for raw in raws]
+    kept = sum(len(one.records) for one in routed)
+    assert kept == deliveries, f"{kept} records for {deliveries} deliveries"
+    assert all(not one.filtered and one.dead_letter_reason is None for one in routed)
+    spent = best_of_three(lambda: [route(raw, None, settings) for raw in raws], time.process_time)
+    return load, load_cpu, build, spent / deliveries, kept
+
+
+def worker_config(instances: int, app_id: str, raw_topic: str) -> str:
+    """The worker's configuration: `instances` tenants (prefixes of one bucket), or for 1 one
+    instance that takes the whole bucket; topics named after the run's app id."""
+    lines = [
+        f'[stream]\napp_id = "{app_id}"\nraw_topics = ["{raw_topic}"]\n'
+        f'repartition_topic = "{app_id}.by-key"\ndead_letter_topic = "{app_id}.dead-letter"\n'
+    ]
+    for number in range(instances):
+        name = "everything" if instances == 1 else f"tenant-{number}"
+        prefix = "" if instances == 1 else f'prefix = "{name}"\n'
+        lines.append(
+            f'[[instances]]\nname = "{name}"\nbucket = "{BUCKET}"\n{prefix}sources = ["s3"]\n'
+            f'topic = "{app_id}.out.{name}"\nstale_topic = "{app_id}.stale.{name}"\n'
+        )
+    return "".join(lines)
+
+
+def worker_input(deliveries: int) -> list[Raw]:
+    """The same deliveries for every size: keys spread over 1,000 tenants' prefixes."""
+    found: list[Raw] = []
+    for number in range(deliveries):
+        raw = s3_delivery(f"tenant-{number % 1000}/photos/{number}.jpg", number + 1)
+        found.append((f"k{number}".encode(), raw.value, [("source", b"s3")]))
+    return found
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str, every_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what}: not within {timeout_s:.0f} s")
+        time.sleep(every_s)
+
+
+def worker_run(
+    bootstrap: str, instances: int, records: list[Raw], workdir: Path
+) -> tuple[float, float, float, float]:
+    """(create-topics s, start-up s, events/s, worker CPU µs per delivery) of a worker of
+    `instances` instances on a raw topic of its own, filled with `records` before it starts."""
+    app_id = f"tenants-{instances}-{uuid.uuid4().hex[:6]}"
+    raw_topic = f"{app_id}.raw"
+    config = workdir / f"{app_id}.toml"
+    config.write_text(worker_config(instances, app_id, raw_topic))
+    env = private_broker_env(
+        bootstrap,
+        STREAMS_CONFIG=str(config),
+        STREAMS_DATA_DIR=str(workdir / app_id),
+        STREAMS_WEB_PORT=str(free_port()),
+        STREAMS_INSTANCE_METRICS_LIMIT="0",
+    )
+    env.pop("STREAMS_FAILPOINT", None)
+    started = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-m", "streams", "create-topics"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=600,
+    )
+    created = time.monotonic() - started
+    asyncio.run(fill(bootstrap, raw_topic, records))
+    worker = WorkerProcess(env, workdir / f"{app_id}.log")
+    port = env["STREAMS_WEB_PORT"]
+    deliveries = len(records)
+    # What its instances keep: every event with one instance (the whole bucket), else the
+    # events of tenants 0 to instances - 1 (worker_input spreads them over 1,000).
+    kept = deliveries if instances == 1 else sum(n % 1000 < instances for n in range(deliveries))
+    try:
+        started = time.monotonic()
+        worker.start()
+
+        def received() -> bool:
+            if worker.process is not None and worker.process.poll() is not None:
+                raise SystemExit(f"the worker exited; see {worker.log}")
+            read = metric_sums(port, "storage_events_received_total")
+            return read["storage_events_received_total"] >= 1
+
+        wait_until(received, 600, "the first delivery read", 0.05)
+        first = time.monotonic()
+        cpu_before = tree_cpu_seconds(worker.pid)
+
+        def emitted() -> bool:
+            done = metric_sums(port, "storage_events_emitted_total")
+            return done["storage_events_emitted_total"] >= kept
+
+        wait_until(emitted, 1800, f"{kept:,} events emitted", 0.25)
+        seconds = time.monotonic() - first
+        cpu_after = tree_cpu_seconds(worker.pid)
+        cpu = sum(value - cpu_before.get(pid, 0.0) for pid, value in cpu_after.items())
+        worker.wait_ready(600)
+        ready = time.monotonic() - started
+        said = re.search(r"started in (\d+(?:\.\d+)?) s", worker.log.read_text(errors="replace"))
+        if said is not None:  # the worker's own ready line (its start to ready)
+            ready = float(said.group(1))
+        return created, ready, kept / seconds, cpu / deliveries * 1e6
+    finally:
+        worker.stop()
+
+
+def worker_section(deliveries: int, sizes: list[int]) -> None:
+    workdir = Path(tempfile.mkdtemp(prefix="tenants-worker-"))
+    broker = PrivateBroker(workdir / "kafka", heap="1g")
+    print(f"# starting a private broker in {workdir / 'kafka'} ...", flush=True)
+    broker.start(fresh=True)
+    try:
+        records = worker_input(deliveries)
+        print(
+            f"\nthe whole worker on {deliveries:,} S3 deliveries (one object each, keys over "
+            "1,000 tenants' prefixes), private broker, exactly_once"
+        )
+        print(
+            "| instances | create-topics | start-up (ready line) | events/s "
+            "| worker CPU per delivery |"
+        )
+        print("|---:|---:|---:|---:|---:|")
+        rates: dict[int, float] = {}
+        for size in sizes:
+            created, ready, rate, cpu = worker_run(broker.bootstrap, size, records, workdir)
+            rates[size] = rate
+            print(
+                f"| {size:>9,} | {created:11.1f} s | {ready:19.1f} s | {rate:8,.0f} | "
+                f"{cpu:19.0f} µs |",
+                flush=True,
+            )
+        if len(sizes) > 1:
+            smallest, largest = min(sizes), max(sizes)
+            ratio = rates[largest] / rates[smallest]
+            verdict = "meets" if ratio >= 0.9 else "UNDER"
+            print(
+                f"events/s at {largest:,} instances / at {smallest:,}: {ratio:.2f}x "
+                f"({verdict} issue 33's 0.9x)"
+            )
+    finally:
+        broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--deliveries", type=int, default=2000)
+    parser.add_argument("--sizes", default="1,100,10000", help="instance counts, comma-separated")
+    parser.add_argument("--worker", action="store_true", help="also the whole worker's events/s")
+    parser.add_argument("--worker-deliveries", type=int, default=20_000)
+    parser.add_argument("--worker-sizes", default="1,1000")
+    args = parser.parse_args()
+    finish_on_sigterm()
+    # A topic just created has no leader for a moment: aiokafka's producer retries, saying so.
+    logging.getLogger("aiokafka").setLevel(logging.ERROR)
+    sizes = [int(size) for size in args.sizes.split(",")]
+    build = getattr(getattr(core, "compiled", None), "STATE", "interpreted")
+    settle_collector()
+    print(
+        f"route over {args.deliveries:,} S3 deliveries, tenants = prefixes of one bucket "
+        f"(core {build}; best of 3)"
+    )
+    print(
+        f"| {'instances':>9} | route, µs per delivery | settings load (wall, CPU) | index build |"
+    )
+    print("|---:|---:|---:|---:|")
+    per_delivery: dict[int, float] = {}
+    with tempfile.TemporaryDirectory(prefix="tenants-") as tmp:
+        for size in sizes:
+            load, load_cpu, index, route_s, _ = measure(size, args.deliveries, Path(tmp))
+            per_delivery[size] = route_s
+            print(
+                f"| {size:>9,} | {route_s * 1e6:22.1f} | {load:9.2f} s, {load_cpu:.2f} s CPU "
+                f"| {index * 1e3:8.1f} ms |",
+                flush=True,
+            )
+    if len(sizes) > 1:
+        smallest, largest = min(sizes), max(sizes)
+        ratio = per_delivery[largest] / per_delivery[smallest]
+        verdict = "within" if ratio <= 1.5 else "OVER"
+        print(
+            f"route at {largest:,} instances / at {smallest:,}: {ratio:.2f}x "
+            f"({verdict} issue 33's 1.5x)"
+        )
+    if args.worker:
+        sizes = [int(size) for size in args.worker_sizes.split(",")]
+        worker_section(args.worker_deliveries, sizes)
+
+
+if __name__ == "__main__":
+    main()
