@@ -110,23 +110,36 @@ class DedupeBatcher:
 
     def __init__(self, store: AnyDedupeStore, ttl: timedelta, max_batch: int = 512) -> None:
         self.store = batching(store)
+        self.in_process = isinstance(store, MemoryDedupeStore)
+        """An in-process store answers at once: nothing to gather, asked directly."""
         self._ttl = ttl
         self._max_batch = max_batch
         self._lookups: list[tuple[tuple[str, ...], asyncio.Future[bool]]] = []
         self._records: list[tuple[str, asyncio.Future[None]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def seen(self, *event_ids: str) -> asyncio.Future[bool]:
+    async def seen(self, *event_ids: str) -> bool:
         """True when the store holds any of `event_ids` (one event's id, and within the
         upgrade window its id before scopes)."""
+        if self.in_process:
+            return any(await self.store.has_many(event_ids))
+        return await self._gathered_lookup(event_ids)
+
+    async def record(self, event_id: str) -> None:
+        """Return once the store holds `event_id` (for the TTL)."""
+        if self.in_process:
+            await self.store.add_many((event_id,), self._ttl)
+            return
+        await self._gathered_record(event_id)
+
+    def _gathered_lookup(self, event_ids: tuple[str, ...]) -> asyncio.Future[bool]:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         if not self._lookups:
             asyncio.get_running_loop().call_soon(self._flush_lookups)
         self._lookups.append((event_ids, future))
         return future
 
-    def record(self, event_id: str) -> asyncio.Future[None]:
-        """Done once the store holds `event_id` (for the TTL)."""
+    def _gathered_record(self, event_id: str) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self._records:
             asyncio.get_running_loop().call_soon(self._flush_records)
@@ -283,19 +296,31 @@ class MemoryDedupeStore:
         return len(self._expiry)
 
 
+_ADD_MANY = """
+for _, key in ipairs(KEYS) do
+    redis.call('SET', key, '1', 'PX', ARGV[1], 'NX')
+end
+return #KEYS
+"""
+"""`add_many` on one Redis: a conditional write per id, in one command."""
+
+
 class RedisDedupeStore:
     """Ids as Redis keys with a TTL (`SET <prefix><id> 1 PX <ttl> NX`), via `redis.asyncio`.
 
     Redis expires them itself, so the store stays bounded by the TTL. Several consumers
     (processes, hosts) of one group share what they handled through it. A batch is one
-    pipeline (no MULTI: one round trip, each id its own `EXISTS` or conditional `SET`;
-    on a cluster, redis-py splits it per node).
+    command on one Redis: `MGET` to look ids up, a script running `SET ... PX ... NX` per
+    id to record them (each id still its own conditional write); on a `RedisCluster`,
+    whose keys of one batch live on many nodes, a pipeline of `EXISTS` / `SET NX` instead
+    (no MULTI; redis-py splits it per node).
     """
 
     def __init__(self, redis: Redis | RedisCluster, prefix: str = "fileevents:seen:") -> None:
         """`redis` is a `redis.asyncio` client; opening and closing it is up to you."""
         self._redis = redis
         self._prefix = prefix
+        self._add_many = redis.register_script(_ADD_MANY) if isinstance(redis, Redis) else None
 
     def redis_key(self, event_id: str) -> str:
         """The Redis key that records `event_id`."""
@@ -311,6 +336,10 @@ class RedisDedupeStore:
     async def has_many(self, event_ids: Sequence[str]) -> list[bool]:
         if not event_ids:
             return []
+        prefix = self._prefix
+        if isinstance(self._redis, Redis):
+            found = await self._redis.mget([prefix + event_id for event_id in event_ids])
+            return [value is not None for value in found]
         pipeline = self._redis.pipeline(transaction=False)
         for event_id in event_ids:
             pipeline.exists(self._prefix + event_id)
@@ -320,6 +349,10 @@ class RedisDedupeStore:
         if not event_ids:
             return
         milliseconds = ttl_ms(ttl)
+        if self._add_many is not None:
+            keys = [self._prefix + event_id for event_id in event_ids]
+            await self._add_many(keys=keys, args=[milliseconds])
+            return
         pipeline = self._redis.pipeline(transaction=False)
         for event_id in event_ids:
             pipeline.set(self._prefix + event_id, b"1", px=milliseconds, nx=True)

@@ -180,19 +180,21 @@ def test_a_failing_event_holds_back_its_key_and_the_commit_point_only(
     assert final == {0: (7, "")}
 
 
-class CountingStore(MemoryDedupeStore):
+class CountingStore:
+    """A store of its own (not in process, as far as the library knows): its calls counted."""
+
     def __init__(self) -> None:
-        super().__init__()
+        self.held = MemoryDedupeStore()
         self.lookups: list[int] = []
         self.records: list[int] = []
 
     async def has_many(self, event_ids: Sequence[str]) -> list[bool]:
         self.lookups.append(len(event_ids))
-        return await super().has_many(event_ids)
+        return await self.held.has_many(event_ids)
 
     async def add_many(self, event_ids: Sequence[str], ttl: timedelta) -> None:
         self.records.append(len(event_ids))
-        await super().add_many(event_ids, ttl)
+        await self.held.add_many(event_ids, ttl)
 
 
 @pytest.mark.kafka
