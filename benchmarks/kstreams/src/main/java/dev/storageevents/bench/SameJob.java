@@ -84,7 +84,9 @@ import org.apache.kafka.streams.state.Stores;
  * `-warm` topics, so that the JIT has compiled it), instance, bucket, prefix, sources (comma
  * list; absent: every source), ttl (dedupe seconds), grace (a deleted key's mark, seconds;
  * default ttl), skew (max clock skew seconds), dataschema (`ce_dataschema`), maxbytes (the
- * event records' limit), bound.s3 / bound.gcs / bound.azure (events per delivery).
+ * event records' limit), bound.s3 / bound.gcs / bound.azure (events per delivery), caching (0:
+ * the stores without a record cache; default 1), streams.NAME (any other Kafka Streams or
+ * client setting, for experiments; none by default: Kafka Streams' own defaults).
  *
  * <p>Prints `first <epoch ms>` when the timed pass reads its first record, then `done <epoch ms>
  * deliveries= events= emitted= stale= duplicates= malformed= filtered=` once every delivery's
@@ -1579,11 +1581,13 @@ public final class SameJob {
     int partitions = Integer.parseInt(args.getOrDefault("partitions", "4"));
     Config config = Config.of(args);
     StreamsBuilder builder = new StreamsBuilder();
+    boolean caching = !args.getOrDefault("caching", "1").equals("0");
     for (String store : List.of("keys", "seen")) {
-      builder.addStateStore(
+      var builderOf =
           Stores.keyValueStoreBuilder(
-                  Stores.persistentKeyValueStore(store), Serdes.String(), Serdes.ByteArray())
-              .withCachingEnabled()
+              Stores.persistentKeyValueStore(store), Serdes.String(), Serdes.ByteArray());
+      builder.addStateStore(
+          (caching ? builderOf.withCachingEnabled() : builderOf.withCachingDisabled())
               .withLoggingEnabled(Map.of()));
     }
     Map<String, KStream<Routed, byte[]>> routed =
@@ -1615,6 +1619,12 @@ public final class SameJob {
     props.put(StreamsConfig.STATE_DIR_CONFIG, args.get("state"));
     props.put(StreamsConfig.NUM_STREAM_THREADS_CONFIG, args.getOrDefault("threads", "1"));
     props.put(StreamsConfig.consumerPrefix("auto.offset.reset"), "earliest");
+    args.forEach(
+        (name, value) -> {
+          if (name.startsWith("streams.")) { // any other Kafka Streams or client setting
+            props.put(name.substring("streams.".length()), value);
+          }
+        });
     KafkaStreams streams = new KafkaStreams(builder.build(), props);
     streams.setUncaughtExceptionHandler(
         exception -> {
