@@ -949,7 +949,7 @@ class Settings(_Strict):
             if unknown:
                 raise ValueError(
                     f"stream.raw_topics.{index}.instances: no instance named "
-                    f"{', '.join(map(repr, unknown))} (configured: {', '.join(sorted(names))})"
+                    f"{', '.join(map(repr, unknown))} (configured: {_some(sorted(names))})"
                 )
         webhook = self.webhook
         raw = self.stream.raw_topic(webhook.raw_topic)
@@ -1005,9 +1005,7 @@ class Settings(_Strict):
         found = self.derived(instances_by_name).get(name)
         if found is not None:
             return found
-        known = ", ".join(instance.name for instance in self.instances[:20])
-        more = len(self.instances) - 20
-        known += f" and {more:,} more" if more > 0 else ""
+        known = _some([instance.name for instance in self.instances])
         raise ConfigError(f"no instance named {name!r} (configured: {known})")
 
     def derived(self, build: Callable[[Settings], _T]) -> _T:
@@ -1033,6 +1031,12 @@ class Settings(_Strict):
         if _DERIVED in fields:  # rebuilt where it is unpickled, when needed
             state["__dict__"] = {name: value for name, value in fields.items() if name != _DERIVED}
         return state
+
+
+def _some(names: list[str], most: int = 20) -> str:
+    """`names` for a message: the first `most`, then how many more (one line at 10,000)."""
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most:,} more" if len(names) > most else "")
 
 
 def instances_by_name(settings: Settings) -> dict[str, InstanceConfig]:

@@ -7,11 +7,13 @@ the environment variable that overrode it).
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from streams.config import (
     DEFAULT_DEDUPE_TTL_S,
@@ -484,3 +486,30 @@ def test_instance_lookup() -> None:
     assert settings.instance("b").name == "b"
     with pytest.raises(ConfigError, match=r"no instance named 'c' \(configured: a, b\)"):
         settings.instance("c")
+
+
+def test_ten_thousand_instances_validate_fast_and_errors_stay_one_short_line(
+    tmp_path: Path,
+) -> None:
+    """Issue 33: the uniqueness checks were quadratic (13 s for 10,000 instances)."""
+    names = [f"tenant-{n}" for n in range(10_000)]
+    instances = [{"name": name, "bucket": "uploads", "prefix": name} for name in names]
+    started = time.process_time()
+    settings = Settings.model_validate({"instances": instances})
+    assert time.process_time() - started < 2.0  # 0.05 s here; 13 s before
+    assert settings.instance("tenant-9999").prefix == "tenant-9999"
+    with pytest.raises(ConfigError) as unknown:
+        settings.instance("nope")
+    assert str(unknown.value).endswith("tenant-18, tenant-19 and 9,980 more)")
+    repeated = [*instances, {"name": "tenant-7"}]
+    with pytest.raises(ValidationError, match=r"names must be unique, repeated: tenant-7 \["):
+        Settings.model_validate({"instances": repeated})
+    config = tmp_path / "streams.toml"
+    config.write_text(
+        '[stream]\nraw_topics = [{ name = "r", instances = ["nope"] }]\n'
+        + "".join(f'[[instances]]\nname = "{name}"\n' for name in names)
+    )
+    with pytest.raises(ConfigError) as pinned:
+        load_settings(config, environ={})
+    assert "stream.raw_topics.0.instances: no instance named 'nope'" in str(pinned.value)
+    assert len(str(pinned.value)) < 1_000 and "and 9,980 more" in str(pinned.value)
