@@ -404,7 +404,7 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--keys", type=int, default=12_494)
     parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=128)
+    parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--store", default="none", choices=["none", "memory", "redis"])
     parser.add_argument("--handler", default="noop", choices=["noop", "sleep", "log"])
     parser.add_argument("--redis")

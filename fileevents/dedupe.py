@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 
@@ -75,6 +75,10 @@ class PerIdDedupeStore(Protocol):
 AnyDedupeStore = DedupeStore | PerIdDedupeStore
 """What `FileEvents(dedupe=...)` takes."""
 
+Exchange = Callable[[Sequence[str], Sequence[str], timedelta], Awaitable[list[bool]]]
+"""Record the first ids, then look the second up, in one round trip (`exchange()` of a
+store that can)."""
+
 
 class _PerIdAdapter:
     """A `PerIdDedupeStore` as a `DedupeStore`: the ids of a batch asked concurrently."""
@@ -104,6 +108,8 @@ def batching(store: AnyDedupeStore) -> DedupeStore:
 class DedupeBatcher:
     """Gathers the lookups and records of the events running at once into one `has_many`
     and one `add_many` each: a request waits at most until the event loop's next turn.
+    A store with `exchange(records, lookups, ttl)` (`RedisDedupeStore` on one Redis) gets
+    both in one call: one round trip for the records and the lookups of a turn.
 
     A failed batch fails each of its requests (the processor retries each, and those
     retries batch again)."""
@@ -117,44 +123,73 @@ class DedupeBatcher:
         self._lookups: list[tuple[tuple[str, ...], asyncio.Future[bool]]] = []
         self._records: list[tuple[str, asyncio.Future[None]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        self._flushing = False
+        exchange = getattr(self.store, "exchange", None)
+        self._exchange: Exchange | None = exchange() if callable(exchange) else None
 
-    async def seen(self, *event_ids: str) -> bool:
+    def seen(self, *event_ids: str) -> Awaitable[bool]:
         """True when the store holds any of `event_ids` (one event's id, and within the
         upgrade window its id before scopes)."""
         if self.in_process:
-            return any(await self.store.has_many(event_ids))
-        return await self._gathered_lookup(event_ids)
-
-    async def record(self, event_id: str) -> None:
-        """Return once the store holds `event_id` (for the TTL)."""
-        if self.in_process:
-            await self.store.add_many((event_id,), self._ttl)
-            return
-        await self._gathered_record(event_id)
-
-    def _gathered_lookup(self, event_ids: tuple[str, ...]) -> asyncio.Future[bool]:
+            return self._seen_now(event_ids)
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        if not self._lookups:
-            asyncio.get_running_loop().call_soon(self._flush_lookups)
+        self._soon()
         self._lookups.append((event_ids, future))
         return future
 
-    def _gathered_record(self, event_id: str) -> asyncio.Future[None]:
+    def record(self, event_id: str) -> Awaitable[None]:
+        """Done once the store holds `event_id` (for the TTL)."""
+        if self.in_process:
+            return self.store.add_many((event_id,), self._ttl)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not self._records:
-            asyncio.get_running_loop().call_soon(self._flush_records)
+        self._soon()
         self._records.append((event_id, future))
         return future
 
-    def _flush_lookups(self) -> None:
-        pending, self._lookups = self._lookups, []
-        for start in range(0, len(pending), self._max_batch):
-            self._spawn(self._look_up(pending[start : start + self._max_batch]))
+    async def _seen_now(self, event_ids: tuple[str, ...]) -> bool:
+        return any(await self.store.has_many(event_ids))
 
-    def _flush_records(self) -> None:
-        pending, self._records = self._records, []
-        for start in range(0, len(pending), self._max_batch):
-            self._spawn(self._record(pending[start : start + self._max_batch]))
+    def _soon(self) -> None:
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        records, self._records = self._records, []
+        lookups, self._lookups = self._lookups, []
+        size = self._max_batch
+        if self._exchange is not None and len(records) <= size and len(lookups) <= size:
+            self._spawn(self._exchanged(self._exchange, records, lookups))
+            return
+        for start in range(0, len(lookups), size):
+            self._spawn(self._look_up(lookups[start : start + size]))
+        for start in range(0, len(records), size):
+            self._spawn(self._record(records[start : start + size]))
+
+    async def _exchanged(
+        self,
+        exchange: Exchange,
+        records: list[tuple[str, asyncio.Future[None]]],
+        lookups: list[tuple[tuple[str, ...], asyncio.Future[bool]]],
+    ) -> None:
+        ids = [one for event_ids, _ in lookups for one in event_ids]
+        try:
+            found = await exchange([event_id for event_id, _ in records], ids, self._ttl)
+            if len(found) != len(ids):
+                raise RuntimeError(f"the store answered {len(found)} of {len(ids)} lookups")
+        except Exception as exc:
+            for _, pending in records:
+                if not pending.done():
+                    pending.set_exception(exc)
+            for _, future in lookups:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for _, done in records:
+            if not done.done():
+                done.set_result(None)
+        self._answer(lookups, found)
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.get_running_loop().create_task(work)
@@ -174,6 +209,12 @@ class DedupeBatcher:
                 if not future.done():
                     future.set_exception(exc)
             return
+        self._answer(batch, found)
+
+    @staticmethod
+    def _answer(
+        batch: list[tuple[tuple[str, ...], asyncio.Future[bool]]], found: Sequence[bool]
+    ) -> None:
         at = 0
         for event_ids, future in batch:
             hit = any(found[at : at + len(event_ids)])
@@ -296,6 +337,19 @@ class MemoryDedupeStore:
         return len(self._expiry)
 
 
+_EXCHANGE = """
+local recorded = tonumber(ARGV[2])
+for i = 1, recorded do
+    redis.call('SET', KEYS[i], '1', 'PX', ARGV[1], 'NX')
+end
+local found = {}
+for i = recorded + 1, #KEYS do
+    found[#found + 1] = redis.call('EXISTS', KEYS[i])
+end
+return found
+"""
+"""Records (a conditional write per id), then lookups, in one command on one Redis."""
+
 _ADD_MANY = """
 for _, key in ipairs(KEYS) do
     redis.call('SET', key, '1', 'PX', ARGV[1], 'NX')
@@ -320,7 +374,27 @@ class RedisDedupeStore:
         """`redis` is a `redis.asyncio` client; opening and closing it is up to you."""
         self._redis = redis
         self._prefix = prefix
-        self._add_many = redis.register_script(_ADD_MANY) if isinstance(redis, Redis) else None
+        single = isinstance(redis, Redis)
+        self._add_many = redis.register_script(_ADD_MANY) if single else None
+        self._exchange = redis.register_script(_EXCHANGE) if single else None
+
+    def exchange(self) -> Exchange | None:
+        """On one Redis (not a cluster): record some ids and look others up in one
+        command (the records first), for `DedupeBatcher`."""
+        script = self._exchange
+        if script is None:
+            return None
+        prefix = self._prefix
+
+        async def exchange(
+            records: Sequence[str], lookups: Sequence[str], ttl: timedelta
+        ) -> list[bool]:
+            keys = [prefix + event_id for event_id in records]
+            keys.extend(prefix + event_id for event_id in lookups)
+            found = await script(keys=keys, args=[ttl_ms(ttl), len(records)])
+            return [bool(one) for one in found]
+
+        return exchange
 
     def redis_key(self, event_id: str) -> str:
         """The Redis key that records `event_id`."""

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from aiokafka.structs import ConsumerRecord
 
@@ -39,6 +39,8 @@ from streams.core.event import FileEvent
 logger = logging.getLogger("fileevents")
 
 T = TypeVar("T")
+
+WATCH_EVERY_MIN_S = 0.005
 
 
 class Outcome(enum.Enum):
@@ -99,6 +101,17 @@ class EventProcessor:
     ) -> None:
         self._registry = registry
         self._handler_timeout = handler_timeout
+        self._watched: dict[asyncio.Task[Any], float] = {}
+        """Tasks running a handler that has a timeout -> when it runs out (loop time)."""
+        self._expired: set[asyncio.Task[Any]] = set()
+        """Tasks the watchdog cancelled because their handler ran out of time."""
+        self._watchdog: asyncio.Task[None] | None = None
+        limits = [handler_timeout, *registry.timeouts()]
+        shortest = min((limit.total_seconds() for limit in limits if limit), default=None)
+        self._watch_every = (
+            1.0 if shortest is None else min(1.0, max(WATCH_EVERY_MIN_S, shortest / 10))
+        )
+        """How often the watchdog looks: a tenth of the shortest timeout, 5 ms to 1 s."""
         self._metrics = metrics or FileEventsMetrics()
         self._topic = topic
         self._metrics.start_at_zero(
@@ -175,7 +188,13 @@ class EventProcessor:
         dedupe = self._dedupe
         if dedupe is not None:
             ids = self._lookup_ids(event)
-            if await self._reliably(lambda: dedupe.seen(*ids), event, record, stopping):
+            try:
+                seen = await dedupe.seen(*ids)
+            except Exception as exc:
+                seen = await self._reliably(
+                    lambda: dedupe.seen(*ids), event, record, stopping, failed=exc
+                )
+            if seen:
                 logger.debug(
                     "event %r skipped: already handled by group %s", event.id, self._group_id
                 )
@@ -202,7 +221,12 @@ class EventProcessor:
         if dedupe is not None:
             seen_id = ids[0]
             try:
-                await self._reliably(lambda: dedupe.record(seen_id), event, record, stopping)
+                try:
+                    await dedupe.record(seen_id)
+                except Exception as exc:
+                    await self._reliably(
+                        lambda: dedupe.record(seen_id), event, record, stopping, failed=exc
+                    )
             except _Interrupted:
                 # The handlers did succeed: commit it rather than run them again elsewhere.
                 logger.warning(
@@ -250,27 +274,59 @@ class EventProcessor:
         running it."""
         task = asyncio.current_task()
         limit = handler.timeout or self._handler_timeout
-        seconds = None if limit is None else limit.total_seconds()
-        scope = asyncio.timeout(seconds)
+        seconds = None if limit is None or task is None else limit.total_seconds()
+        if seconds is not None:
+            assert task is not None
+            self._watch(task, seconds)
         try:
-            async with scope:
-                if context is None:
-                    await cast(EventHandler, handler.handler)(event)
-                else:
-                    await handler(event, context)
+            if context is None:
+                await cast(EventHandler, handler.handler)(event)
+            else:
+                await handler(event, context)
         except (KeyboardInterrupt, SystemExit):
             raise
         except asyncio.CancelledError as exc:
+            ran_out = self._ran_out(task)
             if task is None or task.cancelling():
                 raise  # we are being cancelled: the event stays uncommitted
-            return exc
+            return _timed_out(handler, seconds) if ran_out else exc
         except BaseException as exc:
-            if scope.expired():
+            if self._ran_out(task):
                 return _timed_out(handler, seconds)
             return exc
-        if scope.expired():  # it swallowed the cancellation, then returned: still too late
+        finally:
+            if seconds is not None:
+                self._watched.pop(task, None)  # type: ignore[arg-type]
+        if self._ran_out(task):  # it swallowed the cancellation, then returned: too late
             return _timed_out(handler, seconds)
         return None
+
+    def _watch(self, task: asyncio.Task[Any], seconds: float) -> None:
+        """Cancel `task` if it still runs this handler in `seconds` (the watchdog's look
+        every `_watch_every`: one timer for every handler, not one per run)."""
+        loop = asyncio.get_running_loop()
+        self._watched[task] = loop.time() + seconds
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = loop.create_task(self._watch_loop(), name="fileevents:timeouts")
+
+    async def _watch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._watched:
+            await asyncio.sleep(self._watch_every)
+            now = loop.time()
+            for task, deadline in list(self._watched.items()):
+                if deadline <= now and task not in self._expired:
+                    self._expired.add(task)
+                    task.cancel()
+
+    def _ran_out(self, task: asyncio.Task[Any] | None) -> bool:
+        """Whether the watchdog cancelled `task`'s handler run; if so, that cancellation
+        is taken back (as `asyncio.timeout` does), so it does not cancel the task."""
+        if task is None or task not in self._expired:
+            return False
+        self._expired.discard(task)
+        task.uncancel()
+        return True
 
     async def _dead_letter(
         self,
@@ -299,17 +355,22 @@ class EventProcessor:
         stopping: asyncio.Event,
         what: str = DEDUPE,
         attempt: int = 1,
+        failed: Exception | None = None,
     ) -> T:
-        """Retry the library's own I/O until it works: an outage is not the event's fault."""
+        """Retry the library's own I/O until it works: an outage is not the event's fault.
+        `failed`: how a first try, made by the caller, failed."""
         failures = 0
         while True:
-            try:
-                return await operation()
-            except Exception as exc:
-                failures += 1
-                context = self._context(record, attempt)
-                await self._report(Failure(event, context, what, exc, failures, final=False))
-                await self._wait(self._retry.backoff(failures), stopping)
+            if failed is None:
+                try:
+                    return await operation()
+                except Exception as exc:
+                    failed = exc
+            failures += 1
+            context = self._context(record, attempt)
+            await self._report(Failure(event, context, what, failed, failures, final=False))
+            failed = None
+            await self._wait(self._retry.backoff(failures), stopping)
 
     @staticmethod
     async def _wait(seconds: float, stopping: asyncio.Event) -> None:

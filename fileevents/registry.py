@@ -110,6 +110,10 @@ class Registry:
     def for_event(self, event: FileEvent) -> list[Registered]:
         return [registered for registered in self._registered if registered.matches(event)]
 
+    def timeouts(self) -> list[timedelta]:
+        """The timeouts handlers were registered with (those that have one)."""
+        return [r.timeout for r in self._registered if r.timeout is not None]
+
     def names(self) -> list[str]:
         """The registered handlers' names, in registration order, each once."""
         return list(dict.fromkeys(registered.name for registered in self._registered))
