@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -198,6 +199,23 @@ def tail_line(message: Any, headers: bool) -> str:
     return shown if isinstance(shown, str) else json_line(shown)
 
 
+def _not_authorized(record: logging.LogRecord) -> bool:
+    return "is not authorized for this client" not in record.getMessage()
+
+
+def refused_read(kafka: KafkaSettings, topic: str) -> str:
+    """One line: the ACLs do not let this principal read `topic`."""
+    who = "this client"
+    if kafka.sasl_username:
+        who = f"KAFKA_SASL_USERNAME (kafka.sasl_username)={kafka.sasl_username!r}"
+    elif kafka.ssl_cert_location:
+        who = f"the certificate of KAFKA_SSL_CERT_LOCATION ({kafka.ssl_cert_location})"
+    return (
+        f"Kafka refuses {who} reading {topic} (TopicAuthorizationFailed: no ACL allows it); "
+        "a principal that may: `python -m streams acls --component consumer --principal ...`"
+    )
+
+
 DEAD_LETTER_PREVIEW_BYTES = 80
 
 
@@ -236,6 +254,7 @@ async def _tail(
     what: str = "event(s)",
 ) -> int:
     from aiokafka import AIOKafkaConsumer
+    from aiokafka.errors import TopicAuthorizationFailedError
 
     from streams.kafka_settings import require_access
 
@@ -249,7 +268,14 @@ async def _tail(
         auto_offset_reset="earliest" if from_beginning else "latest",
         isolation_level="read_committed",  # exactly_once writes outputs in transactions
     )
-    await consumer.start()
+    # The refusal is said once, below, naming the principal: not also as aiokafka's line.
+    cluster_log = logging.getLogger("aiokafka.cluster")
+    cluster_log.addFilter(_not_authorized)
+    try:
+        await consumer.start()
+    except TopicAuthorizationFailedError:
+        await consumer.stop()
+        raise KafkaAccessError(refused_read(kafka, topic)) from None
     printed = 0
     try:
         # What was there before this tail started, so that old and new events can be told
