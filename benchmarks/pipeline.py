@@ -87,7 +87,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaError
 
 from benchmarks import kstreams
 from benchmarks.ceiling import LoopRun, librdkafka_loop
@@ -391,16 +391,18 @@ def expected_decisions(records: list[Raw], raw_topic: str = "raw") -> tuple[set[
 
 
 def read_outputs(
-    bootstrap: str, output: str, stale: str, dead_letter: str, idle_s: float = 2.0
+    bootstrap: str, output: str, stale: str, dead_letter: str, timeout_s: float = 600
 ) -> Outputs:
     """Every committed record of a job's output, stale and dead-letter topics (those that
-    exist), read until they are quiet for `idle_s` (their writer has stopped)."""
+    exist), read to the end of each partition (librdkafka's partition EOF, at the last stable
+    offset: the job has stopped writing), not to a pause, which a busy machine can make."""
     consumer = Consumer(
         {
             **kafka_settings(bootstrap).librdkafka_config(),
             "group.id": f"bench-outputs-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
+            "enable.partition.eof": True,
         }
     )
     roles = {output: "output", stale: "stale", dead_letter: "dead-letter"}
@@ -408,19 +410,22 @@ def read_outputs(
     try:
         existing = consumer.list_topics(timeout=30).topics
         kstreams.assign_all(consumer, [topic for topic in roles if topic in existing])
-        quiet_since = time.monotonic()
-        while time.monotonic() - quiet_since < idle_s:
-            messages = consumer.consume(num_messages=10_000, timeout=0.5)
-            if messages:
-                quiet_since = time.monotonic()
-            for message in messages:
-                if message.error() is None:
+        pending = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the end of {sorted(pending)[:3]} not reached in {timeout_s} s")
+            for message in consumer.consume(num_messages=10_000, timeout=0.5):
+                error = message.error()
+                if error is None:
                     outputs.add(
                         roles[str(message.topic())],
                         message.key(),
                         message.value(),
                         list(message.headers() or []),
                     )
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    pending.discard((str(message.topic()), int(message.partition() or 0)))
     finally:
         consumer.close()
     return outputs
