@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from streams.engine.topics import MIN_INSYNC_REPLICAS, TopicSpec, TopicsNotCreated, ensure_topics
+from streams.engine.topics import MIN_INSYNC_REPLICAS, TopicsNotCreated, TopicSpec, ensure_topics
 
 pytestmark = pytest.mark.kafka
 

@@ -44,8 +44,8 @@ def test_a_started_worker_says_once_that_it_is_ready_and_nothing_of_its_coordina
     assert re.search(
         rf"ready: stages normalize \(\d+ partitions\), emit \(\d+ partitions(; process \d+)?\); "
         rf"state in RocksDB at {re.escape(str(tmp_path / 'data' / (names.app_id + '-state')))} "
-        rf"\(Faust's banner `store` is its own table store, unused\); web http://127\.0\.0\.1:{worker.web_port}; "
-        rf"started in \d+\.\d s\s*$",
+        rf"\(Faust's banner `store` is its own table store, unused\); "
+        rf"web http://127\.0\.0\.1:{worker.web_port}; started in \d+\.\d s\s*$",
         ready,
     ), ready
     assert "\x1b[" not in text  # a file, not a terminal: no escape codes
