@@ -86,8 +86,9 @@ class PartitionState:
         """Set by the fetch loop while it has paused fetching this partition."""
         self.stopping = asyncio.Event()
         """Set on revoke and stop: no record of it starts any more."""
-        self.lanes: dict[bytes | None, deque[ConsumerRecord[bytes, bytes]]] = {}
-        """Per record key, its records not done with yet, in order (the first may be running)."""
+        self.lanes: dict[bytes | None, deque[ConsumerRecord[bytes, bytes]] | None] = {}
+        """The keys with a record ready or running, each with the records queued behind that
+        one, in order (None: none; most keys, so no deque is made for them)."""
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -158,8 +159,8 @@ class Dispatcher:
         self._process = process
         self._on_done = on_done
         self._on_skipped = on_skipped
-        self._ready: deque[tuple[PartitionState, bytes | None]] = deque()
-        """Lanes whose first record may start now (each lane here at most once)."""
+        self._ready: deque[tuple[PartitionState, ConsumerRecord[bytes, bytes]]] = deque()
+        """Records that may start now: the first not done with of their key (one per key)."""
         self._wake = asyncio.Event()
         self._stopped = False
         self.in_flight = 0
@@ -179,12 +180,14 @@ class Dispatcher:
                 skipped += taken == DONE_BEFORE
                 continue
             key = record.key
-            lane = lanes.get(key)
-            if lane is None:
-                lanes[key] = deque((record,))
-                ready.append((state, key))
-            else:
-                lane.append(record)
+            if key not in lanes:
+                lanes[key] = None
+                ready.append((state, record))
+                continue
+            behind = lanes[key]
+            if behind is None:
+                lanes[key] = behind = deque()
+            behind.append(record)
         if skipped:
             self._on_skipped(skipped)
             self._on_done(state)
@@ -225,11 +228,9 @@ class Dispatcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            state, key = ready.popleft()
+            state, record = ready.popleft()
             if state.stopping.is_set():
                 continue  # revoked or stopping: its records stay uncommitted
-            lane = state.lanes[key]
-            record = lane[0]
             if not state.in_flight:
                 state.idle.clear()
             state.in_flight += 1
@@ -242,11 +243,12 @@ class Dispatcher:
                 if not state.in_flight:
                     state.idle.set()
             if not done:
-                continue  # interrupted: stopping, the lane stays blocked
-            lane.popleft()
-            if lane:
-                ready.append((state, key))
+                continue  # interrupted: stopping, its key stays blocked
+            lanes, key = state.lanes, record.key
+            behind = lanes[key]
+            if behind:
+                ready.append((state, behind.popleft()))
             else:
-                del state.lanes[key]
+                del lanes[key]
             state.finish(record.offset)
             self._on_done(state)
