@@ -30,6 +30,7 @@ from fileevents.partition import Dispatcher, PartitionState, decode_finished
 from fileevents.processing import EventProcessor, Outcome
 from fileevents.registry import H, Registry, Selector, check_timeout, handler_name
 from fileevents.retry import RetryPolicy
+from streams import localstack
 from streams.kafka_settings import KafkaAccessError, KafkaSettings, check_access
 
 logger = logging.getLogger("fileevents")
@@ -59,7 +60,9 @@ DEFAULT_HANDLER_TIMEOUT = timedelta(seconds=60)
 def _connection(
     bootstrap_servers: str | list[str] | None, kafka: KafkaSettings | None
 ) -> KafkaSettings:
-    """`kafka`, else the `KAFKA_*` environment variables with `bootstrap_servers` winning."""
+    """`kafka`, else the `KAFKA_*` environment variables with `bootstrap_servers` winning;
+    with neither an address nor KAFKA_BOOTSTRAP_SERVERS, the running `make run` stack's
+    Kafka, else 127.0.0.1:9092 (KafkaSettings' default)."""
     import os
 
     servers = (
@@ -70,10 +73,16 @@ def _connection(
             raise ValueError("FileEvents: give bootstrap_servers or kafka, not both")
         return kafka
     if servers is None and not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
-        raise ValueError(
-            "FileEvents needs bootstrap_servers, kafka=KafkaSettings(...), or the environment "
-            "variable KAFKA_BOOTSTRAP_SERVERS"
-        )
+        # Nothing says where Kafka is: the stack `make run` started, wherever its ports are
+        # (streams.localstack), else the local broker's address, 127.0.0.1:9092.
+        stack = localstack.belongs_to(os.environ)
+        if stack is not None:
+            logger.info(
+                "Kafka at %s: the stack `make run` started (%s)",
+                stack.bootstrap,
+                localstack.stack_file(),
+            )
+            return KafkaSettings.from_environ({**stack.kafka, **os.environ})
     return KafkaSettings.from_environ(bootstrap_servers=servers)
 
 
@@ -89,7 +98,8 @@ class FileEvents:
     `kafka=KafkaSettings(...)` (streams.kafka_settings: address, TLS, SASL), or
     `bootstrap_servers` with TLS and SASL from the `KAFKA_*` environment variables the rest
     of the product reads (`KAFKA_SECURITY_PROTOCOL`, `KAFKA_SASL_USERNAME`, ...), or those
-    variables alone (`KAFKA_BOOTSTRAP_SERVERS`). Refused credentials or an untrusted
+    variables alone (`KAFKA_BOOTSTRAP_SERVERS`); with none of them, the stack `make run` runs,
+    else 127.0.0.1:9092. Refused credentials or an untrusted
     certificate make `run()` raise `KafkaAccessError`, one line naming the setting.
     `dedupe`: an optional `DedupeStore`, ids kept for `dedupe_ttl`, each under its consumer
     group and provider scope; for `dedupe_legacy_window` (default `dedupe_ttl`; 0: never)
