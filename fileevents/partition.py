@@ -161,7 +161,9 @@ class Dispatcher:
         self._on_skipped = on_skipped
         self._ready: deque[tuple[PartitionState, ConsumerRecord[bytes, bytes]]] = deque()
         """Records that may start now: the first not done with of their key (one per key)."""
-        self._wake = asyncio.Event()
+        self._idle: deque[asyncio.Future[None]] = deque()
+        """One future per task waiting for work: `add` wakes as many as it has records for
+        (an `asyncio.Event` would wake every task for each fetched batch)."""
         self._stopped = False
         self.in_flight = 0
         """Records being run right now, over every partition."""
@@ -174,6 +176,7 @@ class Dispatcher:
         """Queue fetched records of `state`'s partition, in offset order."""
         lanes, ready = state.lanes, self._ready
         skipped = 0
+        readied = 0
         for record in records:
             taken = state.queue(record)
             if taken != RUN:
@@ -183,6 +186,7 @@ class Dispatcher:
             if key not in lanes:
                 lanes[key] = None
                 ready.append((state, record))
+                readied += 1
                 continue
             behind = lanes[key]
             if behind is None:
@@ -191,8 +195,12 @@ class Dispatcher:
         if skipped:
             self._on_skipped(skipped)
             self._on_done(state)
-        if ready:
-            self._wake.set()
+        idle = self._idle
+        while readied and idle:
+            waiting = idle.popleft()
+            if not waiting.done():
+                waiting.set_result(None)
+                readied -= 1
 
     def crash(self) -> BaseException | None:
         """Why a task ended unasked (a bug, or a handler leaking a cancellation)."""
@@ -222,11 +230,13 @@ class Dispatcher:
         await asyncio.wait(self._tasks)
 
     async def _work(self) -> None:
-        ready = self._ready
+        ready, idle = self._ready, self._idle
+        loop = asyncio.get_running_loop()
         while True:
             if not ready:
-                self._wake.clear()
-                await self._wake.wait()
+                waiting: asyncio.Future[None] = loop.create_future()
+                idle.append(waiting)
+                await waiting
                 continue
             state, record = ready.popleft()
             if state.stopping.is_set():
