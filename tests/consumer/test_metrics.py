@@ -175,3 +175,58 @@ def test_a_metrics_port_in_use_stops_run_naming_the_setting(kafka_bootstrap: str
 def test_a_metrics_port_out_of_range_is_refused() -> None:
     with pytest.raises(ValueError, match="metrics_port"):
         FileEvents(bootstrap_servers="x:9092", topic="t", group_id="g", metrics_port=70000)
+
+
+@pytest.mark.kafka
+def test_lag_per_partition_and_events_in_flight(kafka_bootstrap: str) -> None:
+    """Three events of three keys hang in their handler: 3 in flight, a lag of 3 on their
+    partition; released and done with: 0 and 0."""
+    topic, group = unique("events"), unique("group")
+    items = [event(f"lag/{index}.bin", index) for index in range(3)]
+    release = asyncio.Event()
+    started: list[str] = []
+    events = FileEvents(
+        bootstrap_servers=kafka_bootstrap,
+        topic=topic,
+        group_id=group,
+        commit_interval=timedelta(milliseconds=50),
+        handle_signals=False,
+    )
+    mine = {"topic": topic, "group": group}
+
+    @events.on("*")
+    async def hang(item: FileEvent) -> None:
+        started.append(item.id)
+        await release.wait()
+
+    def samples() -> Samples:
+        return parse(generate_latest(events.metrics.registry()).decode())
+
+    async def scenario() -> tuple[Samples, Samples]:
+        await create_topics(kafka_bootstrap, (topic, 1))
+        await produce_events(kafka_bootstrap, topic, items)
+        task = asyncio.create_task(events.run())
+        try:
+            await eventually(lambda: len(started) == 3, 30, "three handlers at once")
+            await eventually(
+                lambda: value(samples(), "fileevents_in_flight", **mine) == 3, 5, "in flight"
+            )
+            await eventually(
+                lambda: value(samples(), "fileevents_lag", partition="0", **mine) == 3, 5, "lag"
+            )
+            hanging = samples()
+            release.set()
+            await eventually(lambda: events.outcomes.total() == 3, 10, "the events done")
+            await eventually(
+                lambda: value(samples(), "fileevents_lag", partition="0", **mine) == 0, 5, "no lag"
+            )
+            return hanging, samples()
+        finally:
+            events.stop()
+            await asyncio.wait_for(task, 30)
+
+    hanging, done = asyncio.run(scenario())
+    assert value(hanging, "fileevents_in_flight", **mine) == 3
+    assert value(hanging, "fileevents_lag", partition="0", **mine) == 3
+    assert value(done, "fileevents_in_flight", **mine) == 0
+    assert value(done, "fileevents_lag", partition="0", **mine) == 0
