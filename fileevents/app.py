@@ -107,8 +107,10 @@ class FileEvents:
     (fileevents.dedupe, fileevents/README.md "Upgrading"). `on_error`: called for
     every failure (default: log it). `retry`: attempts and backoff before an event is
     dead-lettered to `dead_letter_topic` (default `<topic>.dead-letter`). `commit_interval`:
-    the shortest time between two offset commits. `max_buffered`: records fetched ahead per
-    partition before fetching it pauses. `handler_timeout`: how long one handler run may
+    the shortest time between two offset commits. `max_buffered`: records of a partition
+    handed out and not yet behind its commit point before fetching it pauses.
+    `max_concurrency`: how many events run at once, over every partition, never two of one
+    key (fileevents.partition). `handler_timeout`: how long one handler run may
     take before it is cancelled and counts as failed (None: no limit; `on(..., timeout=)`
     sets it per handler). `metrics`: the Prometheus collector the counts go to (default: a
     new one, `self.metrics`); `metrics_port`: serve it on `metrics_host:metrics_port` at
