@@ -1,11 +1,13 @@
 # storage-events: `make run` (local default) and `make test` (the whole suite) are the two
 # commands a newcomer needs; everything else here is what they are built of.
 
-# The interpreter the virtualenv is made with: pyproject.toml's requires-python is 3.11 only,
-# so the first of python3.11 and python3 that is 3.11 (PYTHON=/path/to/python3.11 names one).
-PYTHON_VERSION := 3.11
-FITS := import sys; sys.exit(sys.version_info[:2] != tuple(map(int, "$(PYTHON_VERSION)".split("."))))
-PYTHON ?= $(or $(shell for p in python$(PYTHON_VERSION) python3; do $$p -c '$(FITS)' >/dev/null 2>&1 && { command -v $$p; break; }; done),python3)
+# The interpreter the virtualenv is made with: one that pyproject.toml's requires-python takes
+# (3.11 to 3.13), the first of python3.11, python3.12, python3.13 and python3 that is one
+# (PYTHON=/path/to/python3.x names one). The full suite runs on 3.11 in CI.
+PYTHON_VERSIONS := 3.11 3.12 3.13
+PYTHON_NAMES := 3.11, 3.12 or 3.13
+FITS := import sys; sys.exit("%d.%d" % sys.version_info[:2] not in "$(PYTHON_VERSIONS)".split())
+PYTHON ?= $(or $(shell for p in $(addprefix python,$(PYTHON_VERSIONS)) python3; do $$p -c '$(FITS)' >/dev/null 2>&1 && { command -v $$p; break; }; done),python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -32,16 +34,16 @@ CORE_SOURCES := $(shell $(PYTHON) streams/core/compiled.py sources 2>/dev/null) 
 # slow.
 install: $(STAMP) $(CORE_STAMP)
 
-# The virtualenv, made by a Python that fits: one made by another (a python3 that was 3.12) is
+# The virtualenv, made by a Python that fits: one made by another (a python3 that was 3.10) is
 # re-created, never kept; without a fitting one, one line says what to install.
 .PHONY: venv
 venv:
 	@if [ -e $(VENV) ] && ! $(BIN)/python -c '$(FITS)' >/dev/null 2>&1; then \
-	  echo "make: $(VENV) was made by $$($(BIN)/python -V 2>&1 || echo 'a Python that is gone'), not Python $(PYTHON_VERSION): re-creating it"; \
+	  echo "make: $(VENV) was made by $$($(BIN)/python -V 2>&1 || echo 'a Python that is gone'), not Python $(PYTHON_NAMES): re-creating it"; \
 	  rm -rf $(VENV); fi
 	@test -x $(BIN)/python || { \
 	  $(PYTHON) -c '$(FITS)' >/dev/null 2>&1 || { \
-	    echo "make: storage-events needs Python $(PYTHON_VERSION) (pyproject.toml requires-python), and $(PYTHON) is $$($(PYTHON) -V 2>&1 || echo 'not found'): install python$(PYTHON_VERSION) (Debian packages python$(PYTHON_VERSION) and python$(PYTHON_VERSION)-venv), or name one with PYTHON=/path/to/python$(PYTHON_VERSION)" >&2; exit 1; }; \
+	    echo "make: storage-events needs Python $(PYTHON_NAMES) (pyproject.toml requires-python), and $(PYTHON) is $$($(PYTHON) -V 2>&1 || echo 'not found'): install one (Debian packages python3.13 and python3.13-venv, or python3.11), or name one with PYTHON=/path/to/python3.13" >&2; exit 1; }; \
 	  $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); exit 1; }; }
 
 # setuptools' editable install warns, in a 10-line block, about folders named like the packages

@@ -71,7 +71,9 @@ def c_compiler() -> str | None:
 
 
 def ensure_mypyc() -> None:
-    if importlib.util.find_spec("mypyc") is not None:
+    # setuptools builds the extensions; from Python 3.12 on a virtualenv has none, and its
+    # distutils (which mypyc's build imports) is setuptools' alone.
+    if all(importlib.util.find_spec(name) is not None for name in ("mypyc", "setuptools")):
         return
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
@@ -84,6 +86,7 @@ def ensure_mypyc() -> None:
 
 def build(compiled: ModuleType) -> None:
     """In this process: mypycify MODULES and build the extensions in place (cwd = ROOT)."""
+    import setuptools  # noqa: F401  first: its distutils, which mypyc.build imports (3.12+)
     from mypyc.build import mypycify
     from setuptools import Distribution
 

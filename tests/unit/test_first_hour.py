@@ -60,27 +60,40 @@ def python_without_dependencies() -> str:
     pytest.skip("every Python here has the project's dependencies")
 
 
-def other_python() -> str:
-    """A Python that is not 3.11 (the wrong one of item 5), resolved past any shim."""
-    candidates = [shutil.which(f"python3.{minor}") for minor in (12, 13, 10)]
-    candidates += sorted(
-        glob.glob(str(Path.home() / ".pyenv" / "versions" / "3.1[023]*" / "bin" / "python3"))
-    )
+FITTING = ((3, 11), (3, 12), (3, 13))
+"""The Pythons pyproject.toml's requires-python takes (issue 35, item 8)."""
+
+
+def python_of(minors: tuple[int, ...], fits: bool) -> str | None:
+    """A Python 3.<minor> of `minors` that fits (or does not), resolved past any shim."""
+    candidates = [shutil.which(f"python3.{minor}") for minor in minors]
+    for minor in minors:
+        candidates += sorted(
+            glob.glob(str(Path.home() / ".pyenv" / "versions" / f"3.{minor}.*" / "bin" / "python3"))
+        )
     for candidate in filter(None, candidates):
         probe = subprocess.run(
             [
                 candidate,
                 "-c",
-                "import sys, venv; print(sys.version_info[:2] != (3, 11), sys.executable)",
+                f"import sys, venv; print(sys.version_info[:2] in {FITTING!r}, sys.executable)",
             ],
             capture_output=True,
             text=True,
             check=False,
         )
-        wrong, _, executable = probe.stdout.strip().partition(" ")
-        if probe.returncode == 0 and wrong == "True":
+        fitting, _, executable = probe.stdout.strip().partition(" ")
+        if probe.returncode == 0 and fitting == str(fits):
             return executable
-    pytest.skip("no Python other than 3.11 is installed")
+    return None
+
+
+def other_python() -> str:
+    """A Python that is not 3.11 to 3.13 (the wrong one of item 5), resolved past any shim."""
+    found = python_of((10, 14, 9), fits=False)
+    if found is None:
+        pytest.skip("no Python outside 3.11-3.13 is installed")
+    return found
 
 
 # Item 1: the commands are findable after the README's own set-up
@@ -143,7 +156,7 @@ def test_a_venv_of_a_wrong_python_is_recreated_with_a_fitting_one(tmp_path: Path
     assert made.returncode == 0
     (project / ".venv" / ".installed").touch()  # even a stamp does not make it kept
     fitting = str(Path(sys.base_prefix) / "bin" / "python3")
-    path = path_with(tmp_path, python3=wrong, **{"python3.11": fitting})
+    path = path_with(tmp_path, python3=wrong, **{f"python3.{sys.version_info[1]}": fitting})
 
     planned = clean_shell("make -n install", cwd=project, path=path)
     assert planned.returncode == 0, planned.stderr
@@ -151,7 +164,7 @@ def test_a_venv_of_a_wrong_python_is_recreated_with_a_fitting_one(tmp_path: Path
 
     result = clean_shell("make venv", cwd=project, path=path)
     assert result.returncode == 0, result.stderr
-    assert "not Python 3.11: re-creating it" in result.stdout
+    assert "not Python 3.11, 3.12 or 3.13: re-creating it" in result.stdout
     version = subprocess.run(
         [
             str(project / ".venv" / "bin" / "python"),
@@ -162,7 +175,7 @@ def test_a_venv_of_a_wrong_python_is_recreated_with_a_fitting_one(tmp_path: Path
         text=True,
         check=True,
     )
-    assert version.stdout.strip() == "(3, 11)"
+    assert version.stdout.strip() == str(tuple(sys.version_info[:2]))  # the one that fits
 
 
 @pytest.mark.skipif(MAKE is None, reason="make is not installed")
@@ -175,6 +188,37 @@ def test_without_a_fitting_python_make_says_which_to_install_and_makes_no_venv(
     assert result.returncode != 0
     said = [line for line in result.stderr.splitlines() if line.startswith("make: storage-events")]
     assert len(said) == 1, result.stderr
-    assert "needs Python 3.11" in said[0] and "install python3.11" in said[0], said[0]
-    assert "PYTHON=/path/to/python3.11" in said[0]
+    assert "needs Python 3.11, 3.12 or 3.13" in said[0] and "install one" in said[0], said[0]
+    assert "PYTHON=/path/to/python3.13" in said[0]
     assert not (project / ".venv").exists()
+
+
+@pytest.mark.skipif(MAKE is None, reason="make is not installed")
+@pytest.mark.parametrize("minor", [12, 13])
+def test_a_newer_python_makes_the_venv_and_it_is_kept(tmp_path: Path, minor: int) -> None:
+    """Issue 35, item 8: with only Python 3.12 or 3.13 there (Ubuntu 24.04, Debian 13), make
+    takes it; a venv it made is not re-created."""
+    newer = python_of((minor,), fits=True)
+    if newer is None:
+        pytest.skip(f"Python 3.{minor} is not installed")
+    project = clone(tmp_path)
+    path = path_with(tmp_path, python3=newer)
+    made = clean_shell("make venv", cwd=project, path=path)
+    assert made.returncode == 0, made.stderr
+    version = subprocess.run(
+        [
+            str(project / ".venv" / "bin" / "python"),
+            "-c",
+            "import sys; print(sys.version_info[:2])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert version.stdout.strip() == f"(3, {minor})"
+    (project / ".venv" / ".installed").touch()
+    again = clean_shell("make venv", cwd=project, path=path)
+    assert again.returncode == 0 and "re-creating" not in again.stdout, again.stdout
+    planned = clean_shell("make -n install", cwd=project, path=path)
+    assert planned.returncode == 0, planned.stderr
+    assert "pip install --quiet -e ." not in planned.stdout  # kept, stamp and all
