@@ -18,7 +18,12 @@ from datetime import timedelta
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import CorruptRecordException, IllegalStateError, KafkaError
+from aiokafka.errors import (
+    CorruptRecordException,
+    IllegalStateError,
+    KafkaError,
+    UnsupportedCodecError,
+)
 from aiokafka.structs import ConsumerRecord
 
 from fileevents.codec import UnreadableRecord
@@ -43,9 +48,12 @@ _FETCH_TIMEOUT_MS = 200
 MISSING_TOPIC_EVERY_S = 5.0
 """While the topic does not exist: one log line naming it this often (checked every second)."""
 _CAREFUL_FETCH_TIMEOUT_MS = 1000
-_UNREADABLE = (CorruptRecordException, UnicodeDecodeError)
+_UNREADABLE = (CorruptRecordException, UnicodeDecodeError, UnsupportedCodecError)
 """What `getmany` raises for a record it cannot parse: aiokafka's Python record reader wraps
-the cause in `CorruptRecordException`, its C reader lets a `UnicodeDecodeError` out."""
+the cause in `CorruptRecordException`, its C reader lets a `UnicodeDecodeError` out; a batch
+compressed with a codec whose Python library is not installed (lz4, zstd, snappy are
+optional for aiokafka) raises `UnsupportedCodecError`: whoever may write the topic could
+otherwise stop every consumer with one such record."""
 
 
 DEFAULT_MAX_CONCURRENCY = 64

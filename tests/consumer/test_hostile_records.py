@@ -24,6 +24,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.structs import ConsumerRecord
+from confluent_kafka import Producer
 from consumer_support import (
     NullableHeader,
     ce_headers,
@@ -593,3 +594,39 @@ def test_every_event_the_stream_can_serialise_is_read() -> None:
                 id="s3:x", type="created", key=KEY, provider="s3", raw=raw_nested(deepest + 1)
             )
         )
+
+
+def write_zstd(bootstrap: str, topic: str, partition: int = 0) -> int:
+    """Write one zstd-compressed record (librdkafka has the codec built in) to `topic`; its
+    offset."""
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": "zstd"})
+    offsets: list[int] = []
+    producer.produce(
+        topic,
+        b'{"padding": "' + b"a" * 20_000 + b'"}',  # compressible: librdkafka compresses it
+        b"inbox/report.pdf",
+        partition,
+        on_delivery=lambda error, message: offsets.append(message.offset()),
+    )
+    producer.flush(30)
+    [offset] = offsets
+    return offset
+
+
+def test_a_record_compressed_with_a_codec_aiokafka_lacks_is_dead_lettered(
+    kafka_bootstrap: str,
+) -> None:
+    """aiokafka decompresses lz4, zstd and snappy only with optional libraries; without them a
+    fetch meeting such a batch raised UnsupportedCodecError and `run()` stopped: one record
+    from whoever may write the topic stopped every consumer. Dead-lettered by position (or,
+    where the codec is installed, as the non-event it is), and the next record handled."""
+    run = asyncio.run(
+        attack(kafka_bootstrap, None, write_hostile=lambda t: write_zstd(kafka_bootstrap, t))
+    )
+
+    assert_moved_on(run, handled_hostile=False)
+    assert run.outcomes[0] == {Outcome.DEAD_LETTERED.value: 1, Outcome.HANDLED.value: 1}
+    [dead] = run.dead
+    added = dict(dead.headers)
+    assert added["original.offset"] == str(run.hostile_offset).encode()
+    assert added["error"].startswith(b"EventDecodeError: "), added["error"]
