@@ -199,8 +199,25 @@ def tail_line(message: Any, headers: bool) -> str:
     return shown if isinstance(shown, str) else json_line(shown)
 
 
-def _not_authorized(record: logging.LogRecord) -> bool:
-    return "is not authorized for this client" not in record.getMessage()
+def where_the_stack_is(bootstrap: str) -> str:
+    """What to add to a line saying that nothing answers at `bootstrap`: where the running
+    `make run` stack is, or that none runs (streams.localstack)."""
+    from streams import localstack
+
+    stack = localstack.running()
+    if stack is None:
+        return "; start `make run` (or `make kafka`) first"
+    if stack.bootstrap != bootstrap:
+        return f"; {stack.describe()}: a make command with no variable set follows it"
+    return ""
+
+
+def _said_below(record: logging.LogRecord) -> bool:
+    """aiokafka's lines for what `_tail` says itself: a refused topic, no broker at start."""
+    message = record.getMessage()
+    return not (
+        "is not authorized for this client" in message or message.startswith('Unable connect to "')
+    )
 
 
 def refused_read(kafka: KafkaSettings, topic: str) -> str:
@@ -254,11 +271,15 @@ async def _tail(
     what: str = "event(s)",
 ) -> int:
     from aiokafka import AIOKafkaConsumer
-    from aiokafka.errors import TopicAuthorizationFailedError
+    from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
     from streams.kafka_settings import require_access
 
     kafka = KafkaSettings.of(kafka)
+    # A refusal or no broker is said once, below (naming the principal, or where a running
+    # stack is): not also as aiokafka's lines.
+    for name in ("aiokafka", "aiokafka.client", "aiokafka.cluster"):
+        logging.getLogger(name).addFilter(_said_below)
     await require_access(kafka)  # a refused password or certificate: one line, exit 2
     consumer = AIOKafkaConsumer(
         topic,
@@ -268,14 +289,17 @@ async def _tail(
         auto_offset_reset="earliest" if from_beginning else "latest",
         isolation_level="read_committed",  # exactly_once writes outputs in transactions
     )
-    # The refusal is said once, below, naming the principal: not also as aiokafka's line.
-    cluster_log = logging.getLogger("aiokafka.cluster")
-    cluster_log.addFilter(_not_authorized)
     try:
         await consumer.start()
     except TopicAuthorizationFailedError:
         await consumer.stop()
         raise KafkaAccessError(refused_read(kafka, topic)) from None
+    except KafkaConnectionError:
+        await consumer.stop()
+        raise UsageError(
+            f"no Kafka answers at {kafka.bootstrap_servers} (KAFKA_BOOTSTRAP_SERVERS)"
+            f"{where_the_stack_is(kafka.bootstrap_servers)}"
+        ) from None
     printed = 0
     try:
         # What was there before this tail started, so that old and new events can be told
@@ -400,6 +424,7 @@ async def _status(
             message = (
                 f"cannot read the stream's state from Kafka at "
                 f"{settings.kafka.bootstrap_servers} (KAFKA_BOOTSTRAP_SERVERS): {exc!r}"
+                f"{where_the_stack_is(settings.kafka.bootstrap_servers)}"
             )
             if watch is None:
                 print(f"error: {message}", file=sys.stderr)

@@ -230,3 +230,30 @@ def test_fileevents_without_an_address_reads_the_stack_make_run_runs(
     assert _connection("kafka:9092", None).bootstrap_servers == "kafka:9092"
     monkeypatch.setenv("KAFKA_BOOTSTRAP_SERVERS", "other:9092")
     assert _connection(None, None).bootstrap_servers == "other:9092"
+
+
+def test_tail_finding_no_kafka_says_so_in_one_line_and_where_the_stack_is(tmp_path: Path) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    env = {**os.environ, "HOME": str(tmp_path), "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"}
+
+    def tail() -> list[str]:
+        ran = subprocess.run(
+            [sys.executable, "-m", "streams", "tail", "--count", "1"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert ran.returncode == 2, ran.stderr
+        return [line for line in ran.stderr.splitlines() if not line.startswith("#")]
+
+    nothing = f"error: no Kafka answers at 127.0.0.1:{port} (KAFKA_BOOTSTRAP_SERVERS)"
+    assert tail() == [f"{nothing}; start `make run` (or `make kafka`) first"]
+    localstack.write(a_stack(), tmp_path)
+    assert tail() == [
+        f"{nothing}; {a_stack().describe()}: a make command with no variable set follows it"
+    ]
