@@ -281,6 +281,20 @@ def test_bad_input_duplicates_and_dead_letters_are_visible(stack: Stack) -> None
         interrupt(letters, 30)
     (line,) = shown.seen
     assert " normalize (source s3, transport webhook): " in line, line
+    # `make tail TOPIC=` tails that topic (it was ignored: the instance's output instead).
+    whole = launch(
+        ["make", "--no-print-directory", "tail", "TOPIC=files.dead-letter", "HEADERS=1"],
+        cwd=ROOT,
+        env=stack.fresh,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    tailed = Lines(whole.stdout)
+    try:
+        assert tailed.until('"event":"hello world"', 60), tailed.seen
+    finally:
+        interrupt(whole, 30)
+    assert '"error.stage":"normalize"' in tailed.seen[-1], tailed.seen
 
     status = make(stack, "status")
     assert status.returncode == 0, status.stdout + status.stderr
