@@ -203,9 +203,9 @@ def test_what_the_stream_knows_is_one_pluggable_source(
     assert command.reconcile(args, settings, knowledge=knowledge) == 0
     out = capsys.readouterr().out.splitlines()
     assert asked == ["once"]
-    assert out[:-1] == [
-        "created tenant-a/new.txt (not-in-stream)",
-        "deleted tenant-a/gone.txt (not-listed)",
+    assert out[:-1] == [  # a dry run publishes nothing, and each drift line says so
+        "created tenant-a/new.txt (not-in-stream): not published (dry run)",
+        "deleted tenant-a/gone.txt (not-listed): not published (dry run)",
     ]
     assert out[-1] == (
         f"reconcile instance=tenant-a bucket={bucket} listed=2 known=2 in_sync=1 created=1 "
