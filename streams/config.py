@@ -837,8 +837,8 @@ framing, a length per header. The bridges keep value + headers + this under the 
 
 
 class WebhookConfig(_Strict):
-    """The webhook bridge (`python -m connectors webhook`); routes are described in the
-    docstring of `connectors.webhook`."""
+    """The webhook bridge (`python -m connectors webhook`); its routes are described in
+    docs/bridges.md, "The webhook bridge in detail"."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
