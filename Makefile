@@ -141,9 +141,13 @@ kafka-fetch:
 run: install
 	@$(BIN)/python dev/run.py
 
-# The whole suite, slow tests included (CI runs exactly this).
+# The whole suite, slow tests included (CI runs exactly this), then the fast suites on the
+# other Pythons the project supports where they are installed (dev/other_pythons.sh; not with
+# PYTEST_ARGS, which picks tests).
+OTHER_PYTHONS ?= 3.12 3.13
 test: test-deps install kafka-fetch
 	PUBSUB_FAKE_BIN=$(abspath $(PUBSUB_FAKE)) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(if $(PYTEST_ARGS),,@dev/other_pythons.sh $(OTHER_PYTHONS))
 
 # Everything but the slow chaos and load tests.
 test-fast: test-deps install kafka-fetch

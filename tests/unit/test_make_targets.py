@@ -75,3 +75,11 @@ def test_the_test_tooling_is_one_target_that_make_test_uses(tmp_path: Path) -> N
     suite = [command.replace(str(tmp_path / "again"), "<clone>") for command in suite]
     missing = [command for command in tooling if command not in suite]
     assert not missing, missing
+
+
+def test_make_test_then_runs_the_fast_suites_on_the_other_pythons(tmp_path: Path) -> None:
+    commands = dry_run("test", tmp_path)
+    [other] = [command for command in commands if "other_pythons.sh" in command]
+    assert other.split()[-2:] == ["3.12", "3.13"], other
+    suite = next(index for index, command in enumerate(commands) if "-m pytest" in command)
+    assert commands.index(other) > suite, commands  # after the whole suite
