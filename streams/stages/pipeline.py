@@ -120,6 +120,7 @@ class Pipeline:
                 stream.group_instance_id or f"{socket.gethostname()}-{os.getpid()}",
                 self._group_metadata,
                 self.progress,
+                group_id=self.emit_group,
             )
         self.store = StateStore(
             stream.data_dir / f"{stream.app_id}-state",

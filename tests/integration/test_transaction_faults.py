@@ -147,6 +147,7 @@ async def drive(
                 consumer.consumer_group_metadata,
                 Progress(),
                 producer_factory=factory,
+                group_id=batch.group,
             )
             try:
                 await member.prepare(set())
@@ -237,6 +238,8 @@ class Plan:
         if way == "hanging":
             time.sleep(HANG_S)  # past the call's timeout and margin: given up, then done
             return
+        if way == "hanging-after":
+            return  # the call itself runs first (Injected), then hangs
         raise {"retriable": retriable, "abortable": abortable, "fatal": fatal}[way]()
 
     def factory(self, config: dict[str, Any]) -> Producer:
@@ -264,8 +267,11 @@ class Injected(Producer):
         super().send_offsets_to_transaction(*args)
 
     def commit_transaction(self, *args: Any) -> None:
+        hangs_after = self.plan.faults.get("commit") == "hanging-after"
         self.plan.fault("commit")
         super().commit_transaction(*args)
+        if hangs_after:  # committed, but the answer never reaches the caller in time
+            time.sleep(HANG_S)
 
     def abort_transaction(self, *args: Any) -> None:
         self.plan.fault("abort")
@@ -428,4 +434,20 @@ def test_a_call_timing_out_after_its_request_was_sent_commits_the_batch_once(
     proxy.delay_answer(api, 8.0)
     outcome = run(drive(broker.proxy_bootstrap, batch, Producer))
     assert proxy.hit[api] >= 1
+    run(check(broker, batch, outcome))
+
+
+@pytest.mark.slow
+def test_a_commit_given_up_after_it_committed_is_not_written_again(
+    proxied: tuple[PrivateBroker, FaultProxy], proxy: FaultProxy, short_calls: None
+) -> None:
+    """`commit_transaction` commits, then does not return in time (librdkafka#5456's kind of
+    hang): the producer is given up and the next one's initialisation fences it. Its retry
+    must see the group's offsets committed and not write the batch a second time."""
+    broker, _ = proxied
+    batch = run(Batch.new(broker.bootstrap))
+    plan = Plan({"commit": "hanging-after"})
+    outcome = run(drive(broker.proxy_bootstrap, batch, plan.factory))
+    assert plan.done == ["commit:hanging-after"]
+    assert plan.made == 2  # given up, replaced; the batch not written by the second
     run(check(broker, batch, outcome))

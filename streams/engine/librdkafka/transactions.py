@@ -18,6 +18,10 @@ costs a few round trips to the coordinator whatever it carries). A failure of it
   the same producer would send the records again under the same epoch and sequences, which the
   new leader answers as duplicates of the aborted batch: acknowledged, and never readable.
   A new epoch starts the sequences afresh, so the retry is written;
+* a `commit_transaction` given up (it did not return in time, or failed fatally) may have
+  committed on the broker, and the next producer's initialisation then completes it: the
+  next attempt first reads the emit group's stable committed offsets, and a transaction they
+  show committed is not written again;
 * records Kafka refuses: aborted; a transaction of several parts is tried again part by
   part, and a part's refused batch record by record, so that `RecordsRefused` names them
   (the caller replaces them and commits again);
@@ -46,8 +50,9 @@ from typing import Any
 
 from aiokafka import TopicPartition
 from aiokafka.errors import KafkaConnectionError as FailpointError
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as RdTopicPartition
+from confluent_kafka.admin import AdminClient
 
 from streams import metrics
 from streams.core.records import OutRecord
@@ -248,8 +253,12 @@ class MemberTransactions:
         group_metadata: Callable[[], Any],
         progress: Progress,
         producer_factory: Callable[[dict[str, Any]], Producer] = Producer,
+        group_id: str | None = None,
     ) -> None:
         self.kafka = KafkaSettings.of(kafka)
+        self.group_id = group_id or f"{app_id}-emit"
+        """The emit group, whose committed offsets say whether a transaction given up inside
+        its commit did commit."""
         self.producer_factory = producer_factory
         """Makes the producer from its librdkafka properties (tests wrap it to inject faults)."""
         self.transactional_id = f"{app_id}-emit-{member}"
@@ -264,6 +273,10 @@ class MemberTransactions:
         self._moved = False
         self.moved_count = 0
         """Transactions given up because the group moved on (for tests and the log)."""
+        self._uncertain = False
+        """The last attempt was given up inside `commit_transaction` (stuck, or a fatal
+        error): the broker may have committed it, which the next producer's initialisation
+        then completes rather than aborts. The next attempt asks the group first."""
 
     @property
     def moved(self) -> bool:
@@ -438,8 +451,19 @@ class MemberTransactions:
                 failpoints.check_writable({record.topic for record in request.records})
         except FailpointError as exc:  # as if Kafka were away (streams.engine.failpoints)
             raise KafkaException(KafkaError(KafkaError._TRANSPORT, str(exc))) from None
-        txn = await self._ready_producer()
+        txn = await self._ready_producer()  # fenced the one before: its outcome is final
+        if self._uncertain:
+            if await self._committed_already(requests):
+                self._uncertain = False
+                log.warning(
+                    "emit: the transaction for partitions %s given up inside its commit had "
+                    "committed: not written again",
+                    ", ".join(str(request.partition) for request in requests),
+                )
+                return  # its rounds' reports are its acknowledgements
+            self._uncertain = False
         producer = txn.producer
+        committing = False
         try:
             producer.begin_transaction()
             for request in requests:
@@ -472,11 +496,14 @@ class MemberTransactions:
                 ),
                 OFFSETS_TIMEOUT_S,
             )
+            committing = True
             await self._in_transaction(
                 txn, "commit_transaction", producer.commit_transaction, CALL_TIMEOUT_S
             )
         except KafkaException as exc:
             error = error_of(exc)
+            if committing and (txn.stuck or (error is not None and error.fatal())):
+                self._uncertain = True
             moved = error is not None and (error.code() in MOVED or error.fatal())
             if error is not None and error.fatal() and error.code() not in MOVED:
                 log.error("the transactional producer failed for good: %s", error)
@@ -513,6 +540,32 @@ class MemberTransactions:
         if not known and not several:
             return None
         return _Refusal(known, several)
+
+    async def _committed_already(self, requests: list[_Request]) -> bool:
+        """Whether the emit group's committed offsets (stable: no transaction pending on
+        them) already reach every request's: the transaction given up inside its commit
+        committed. KafkaException when Kafka cannot say (the attempt is tried again later)."""
+        wanted = {
+            (tp.topic, tp.partition): offset
+            for request in requests
+            for tp, offset in request.offsets.items()
+        }
+        if not wanted:
+            return False
+        admin = AdminClient(self.kafka.librdkafka_config())
+        asked = ConsumerGroupTopicPartitions(
+            self.group_id, [RdTopicPartition(topic, partition) for topic, partition in wanted]
+        )
+        futures = admin.list_consumer_group_offsets(
+            [asked], require_stable=True, request_timeout=OFFSETS_TIMEOUT_S
+        )
+        answer = await asyncio.wrap_future(futures[self.group_id])
+        committed = {
+            (tp.topic, tp.partition): tp.offset
+            for tp in answer.topic_partitions
+            if tp.error is None
+        }
+        return all(committed.get(place, -1) >= offset for place, offset in wanted.items())
 
     def _retire(self, txn: _Txn) -> None:
         """Give up `txn` after an abort or a fatal error: the next attempt initialises a new
