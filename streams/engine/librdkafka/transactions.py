@@ -560,11 +560,11 @@ class MemberTransactions:
             [asked], require_stable=True, request_timeout=OFFSETS_TIMEOUT_S
         )
         answer = await asyncio.wrap_future(futures[self.group_id])
-        committed = {
-            (tp.topic, tp.partition): tp.offset
-            for tp in answer.topic_partitions
-            if tp.error is None
-        }
+        committed: dict[tuple[str, int], int] = {}
+        for tp in answer.topic_partitions:
+            if tp.error is not None:  # e.g. UNSTABLE_OFFSET_COMMIT: not known yet, ask again
+                raise KafkaException(tp.error)
+            committed[(tp.topic, tp.partition)] = tp.offset
         return all(committed.get(place, -1) >= offset for place, offset in wanted.items())
 
     def _retire(self, txn: _Txn) -> None:
