@@ -5,9 +5,12 @@
   `header.<lower-case http header>`, `attribute.<pub/sub attribute>`; key free.
 * Keyed record (normalize -> repartition topic): key = `<instance>/<bucket>/<key>` so every copy
   of one change and every change of one key land on one partition; value = the canonical
-  event as JSON, byte for byte what the output record will carry (stage two reads the few
-  fields it decides on and passes the bytes through); headers `instance`, `received-at`.
-  (Records of the first format, value `{"instance": ..., "event": {...}}`, are still read.)
+  event as JSON, byte for byte what the output record will carry (stage two passes the bytes
+  through, never parsing them); headers `instance`, `received-at`, and `head`: what stage two
+  decides on, packed (streams.core.keyedhead). Also read: keyed records without a
+  `head` (the event's JSON is then read for those fields), and records of the first format,
+  value `{"instance": ..., "event": {...}}`: a worker upgraded in place reads what the
+  previous release left in the repartition topic.
 * Output record (-> `files.events.<instance>`): key = the caller-facing key, value = the
   canonical event as JSON, CloudEvents 1.0 binary-mode headers, `ce_dataschema` naming the
   event's JSON Schema (streams.core.schema).
@@ -18,7 +21,8 @@
 Sizes: `record_bytes` bounds what one record takes in a record batch of its own, the unit
 Kafka's `max.message.bytes` limits; `event_record_bytes` the largest record one event
 becomes on its way (keyed, output, stale), so stage one can refuse an event before any of its
-records is written (streams.engine.topics holds the limits).
+records is written, against `EVENT_MAX_MESSAGE_BYTES` (the topics are created with it).
+The keyed head: streams.core.keyedhead.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import orjson
 
 from streams.core.delivery import Delivery
 from streams.core.event import EventType, FileEvent, format_time
+from streams.core.keyedhead import pack_head, unpack_head
 from streams.core.schema import FILE_EVENT_SCHEMA_URI
 
 Headers = tuple[tuple[str, bytes], ...]
@@ -101,14 +106,28 @@ def partition_key(instance: str, bucket: str | None, key: str) -> bytes:
 
 INSTANCE_HEADER = "instance"
 RECEIVED_AT_HEADER = "received-at"
+KEYED_HEAD_HEADER = "head"
+EVENT_MAX_MESSAGE_BYTES = 1024 * 1024
+"""`max.message.bytes` of the topics an event's records go through: keyed (repartition
+topic), output, stale, and the changelog records derived from it (its key's record, bounded:
+streams.core.keystate). Stage one dead-letters an event whose records would not fit
+(streams.core.routing, `event_record_bytes`)."""
+RAW_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""`max.message.bytes` of a raw topic: a raw record as a bridge writes it, headers included
+(the webhook's body limit is 1 MiB by default; the bridges bound the whole record to this)."""
 
 
 def keyed_record(
     topic: str, instance: str, event: FileEvent, received_at: bytes | None
 ) -> OutRecord:
+    """The repartition record of `event` for `instance`: its JSON as the output will carry
+    it, and the head stage two decides on (module docstring)."""
     headers: Headers = ((INSTANCE_HEADER, instance.encode()),)
     if received_at:
         headers += ((RECEIVED_AT_HEADER, received_at),)
+    head = pack_head(event)
+    if head is not None:
+        headers += ((KEYED_HEAD_HEADER, head),)
     return OutRecord(
         topic, partition_key(instance, event.bucket, event.key), event_json(event), headers
     )
@@ -138,8 +157,14 @@ class KeyedEvent:
 def parse_keyed(value: bytes, headers: Mapping[str, bytes | None]) -> KeyedEvent:
     """Inverse of keyed_record. Raises ValueError on anything else.
 
-    Trusts the event JSON as stage one wrote it (no model validation per event) but checks
-    every field it uses, so a foreign record is dead-lettered rather than misread."""
+    A record with a `head` is read from its head alone: its value is passed through unread.
+    Without one (written by the previous release, or an event whose head could not be
+    packed), the event's JSON is read. Trusts what stage one wrote (no model validation per
+    event) but checks every field it uses, so a foreign record is dead-lettered rather than
+    misread."""
+    head = headers.get(KEYED_HEAD_HEADER)
+    if head is not None:
+        return _parse_head(head, value, headers)
     data = orjson.loads(value)
     instance_header = headers.get(INSTANCE_HEADER)
     if instance_header is not None:
@@ -187,6 +212,37 @@ def parse_keyed(value: bytes, headers: Mapping[str, bytes | None]) -> KeyedEvent
         raw=raw if isinstance(raw, dict) else None,
         value=value,
         etag=etag if isinstance(etag, str) else None,
+    )
+
+
+def _parse_head(head: bytes, value: bytes, headers: Mapping[str, bytes | None]) -> KeyedEvent:
+    """The KeyedEvent of a record with a `head` header; ValueError when it is unreadable."""
+    instance_header = headers.get(INSTANCE_HEADER)
+    if instance_header is None:
+        raise ValueError("keyed record has a head but no instance")
+    fields = unpack_head(head)
+    if fields.type not in EVENT_TYPES:
+        raise ValueError(f"keyed event has type {fields.type!r}")
+    time_text = fields.time
+    time: datetime | None = None
+    if time_text is not None:
+        time = datetime.fromisoformat(time_text)
+        if time.tzinfo is None:
+            raise ValueError("keyed event's time has no timezone")
+    return KeyedEvent(
+        instance=instance_header.decode(),
+        id=fields.id,
+        type=fields.type,
+        key=fields.key,
+        bucket=fields.bucket,
+        provider=fields.provider,
+        sequencer=fields.sequencer,
+        time=time,
+        time_text=time_text,
+        version_only=fields.version_only,
+        raw=fields.raw,
+        value=value,
+        etag=fields.etag,
     )
 
 

@@ -105,9 +105,10 @@ def test_received_at_travels_with_every_keyed_record() -> None:
     assert all(dict(r.headers)["received-at"] == b"1764461287000" for r in routed.records)
 
 
-def test_without_received_at_only_the_instance_header() -> None:
+def test_without_received_at_only_the_instance_and_head_headers() -> None:
     routed = route(raw(s3_body(s3_record("x")), source=b"s3"), None, SETTINGS)
-    assert [r.headers for r in routed.records] == [(("instance", b"all"),)]
+    assert [[name for name, _ in r.headers] for r in routed.records] == [["instance", "head"]]
+    assert routed.records[0].headers[0] == ("instance", b"all")
 
 
 def test_filtered_counts_by_instance_and_reason() -> None:
