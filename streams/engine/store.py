@@ -15,6 +15,14 @@ each changelog partition from that offset to its end, `read_committed`, so a dat
 missing, behind or brand new ends up as the changelog says, and a transaction that was
 aborted (a crashed batch) never comes back as state.
 
+The restore reads with a confluent_kafka.Consumer of its own (`restore_config`: assigned
+partitions, no group joined, nothing committed), its blocking calls in a thread. Its end is
+the last stable offset: with `isolation.level=read_committed` librdkafka's ListOffsets
+(`get_watermark_offsets(cached=False)`) answers the LSO as the high watermark, and its fetcher
+reports `_PARTITION_EOF` when its fetch position reaches the LSO (rdkafka_request.c,
+rdkafka_fetcher.c) - past the commit marker that ends the last transaction, which is never
+handed over as a record.
+
 Bound to its origin (streams/engine/binding.py): the directory records the cluster id and the
 changelog topics' ids it was restored from. A restore against another cluster, or against
 changelog topics deleted and created again under the same names, discards the local copy
@@ -41,12 +49,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import rocksdict
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message
+from confluent_kafka import TopicPartition as RdTopicPartition
 
 from streams.core.records import OutRecord
 from streams.engine.binding import Binding, fetch_binding, mismatch, read_binding, write_binding
+from streams.engine.librdkafka import librdkafka_log
 from streams.engine.outcomes import Acknowledged
 from streams.kafka_settings import KafkaSettings
 
@@ -55,6 +66,18 @@ log = logging.getLogger(__name__)
 OFFSET_KEY = b"\x00changelog-offset"
 """Holds the last changelog offset a database contains; no state key starts with NUL."""
 RESTORE_BATCH = 10_000
+"""Records one `consume` of the restore hands over at most (one write batch per partition)."""
+RESTORE_POLL_S = 0.05
+"""How long one `consume` of the restore collects records: librdkafka's consume returns when
+it has RESTORE_BATCH records or this time passed (rdkafka_queue.c), so it is also what the
+restore may wait after its last record before it sees the partition's end."""
+RESTORE_CALL_TIMEOUT_S = 30.0
+"""One ListOffsets (the changelogs' ends) answered within this, or the restore fails and its
+caller retries, as for any other Kafka error."""
+RESTORE_GROUP = "storage-events-restore"
+"""The consumer's group.id when the changelogs' names give no app id (confluent-kafka wants
+one; the restore assigns partitions and never joins it nor commits)."""
+CHANGELOG_SUFFIX = "-changelog"
 SWEEP_FLUSH_KEYS = 5_000
 """Deletions in a row that make a file worth compacting; a sweep that deletes this many
 flushes its memtable, so the compaction can happen now rather than after later writes."""
@@ -122,6 +145,53 @@ class Restored:
     partitions: int
     records: int
     seconds: float
+
+
+def restore_config(kafka: KafkaSettings | str, group: str) -> dict[str, Any]:
+    """librdkafka properties of the restore's consumer: `read_committed` (an aborted batch's
+    changelog records are never state), the end reported (`enable.partition.eof`), nothing
+    committed, and the stored offset read again from the beginning when retention passed it.
+
+    `group` is only named, never joined (partitions are assigned), but librdkafka looks its
+    coordinator up all the same (FindCoordinator needs Describe on it): the app's own group,
+    which the worker's ACLs grant (streams.acls)."""
+    return {
+        **KafkaSettings.of(kafka).librdkafka_config(),
+        "client.id": "storage-events-restore",
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "earliest",  # the stored offset may be past retention
+        "enable.partition.eof": True,
+        "max.partition.fetch.bytes": 2 * 1024 * 1024,
+        "fetch.max.bytes": 8 * 1024 * 1024,
+        "receive.message.max.bytes": 8 * 1024 * 1024 + 512,  # at least fetch.max.bytes + 512
+        "logger": librdkafka_log(),  # its lines through the log, never raw on stderr
+    }
+
+
+def restore_group(changelogs: Mapping[str, str]) -> str:
+    """The app's own group (`<app_id>`), from its changelogs' names (table -> topic
+    `<app_id>-<table>-changelog`, streams.engine.topics.changelog_topic), else RESTORE_GROUP."""
+    for table, topic in changelogs.items():
+        suffix = f"-{table}{CHANGELOG_SUFFIX}"
+        if topic.endswith(suffix) and len(topic) > len(suffix):
+            return topic[: -len(suffix)]
+    return RESTORE_GROUP
+
+
+def _ends(consumer: Consumer, places: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+    """Each partition's last stable offset (blocking: ListOffsets in the consumer's
+    read_committed isolation)."""
+    return {
+        place: int(
+            consumer.get_watermark_offsets(
+                RdTopicPartition(*place), timeout=RESTORE_CALL_TIMEOUT_S, cached=False
+            )[1]
+        )
+        for place in places
+    }
 
 
 class StateStore:
@@ -276,6 +346,58 @@ class StateStore:
                 found[key] = revision.value
         return Swept(found, read, finished=True)
 
+    def _apply_restored(
+        self,
+        messages: list[Message],
+        places: Mapping[tuple[str, int], tuple[str, int]],
+        remaining: dict[tuple[str, int], int],
+        expiry_of: Mapping[str, ExpiryReader],
+        now: float,
+    ) -> int:
+        """Write one `consume`'s records of the partitions still being restored, one write
+        batch per database with the offset reached; a partition whose end was reached is
+        taken out of `remaining`. Returns the records read."""
+        fetched: dict[tuple[str, int], list[Message]] = {}
+        for message in messages:
+            place = (message.topic() or "", message.partition() or 0)
+            error = message.error()
+            if error is None:
+                if place in remaining:
+                    fetched.setdefault(place, []).append(message)
+                continue
+            if error.code() == KafkaError._PARTITION_EOF:
+                # The fetch position reached the last stable offset (the message's offset).
+                if place in remaining and (message.offset() or 0) >= remaining[place]:
+                    del remaining[place]
+                continue
+            if error.fatal() or message.topic() is not None:
+                # A partition's error (authorization, unknown topic, an unreadable batch):
+                # its state cannot be restored, and the caller's retry says so again.
+                raise KafkaException(error)
+            # The client's own news (a broker away, reconnecting): librdkafka goes on trying.
+            log.info("restoring state: %s", error.str())
+        total = 0
+        for place, records in fetched.items():
+            table, partition = places[place]
+            reader = expiry_of.get(table)
+            items: dict[bytes, bytes | None] = {}
+            for record in records:
+                key = record.key()
+                if key is None:
+                    continue
+                value = record.value()
+                if value is not None and reader is not None:
+                    expires_at = reader(value)
+                    if expires_at is not None and expires_at <= now:
+                        value = None
+                items[key] = value
+            total += len(records)
+            last = records[-1].offset() or 0
+            self.apply({(table, partition): items}, [Acknowledged(place[0], place[1], last, 1)])
+            if place in remaining and last + 1 >= remaining[place]:
+                del remaining[place]
+        return total
+
     async def restore(
         self,
         kafka: KafkaSettings | str,
@@ -292,72 +414,46 @@ class StateStore:
             self.close()
             return Restored(0, 0, 0.0)
         current = await asyncio.to_thread(fetch_binding, kafka, self._changelogs.values())
-        client_options = {
-            **KafkaSettings.of(kafka).aiokafka_args(),
-            "client_id": "storage-events-restore",
-        }
         self.bind(current)
         self.open(partitions)
         places = {
-            TopicPartition(self._changelogs[table], partition): (table, partition)
+            (self._changelogs[table], partition): (table, partition)
             for table in self._changelogs
             for partition in partitions
         }
         if not places:
             return Restored(0, 0, 0.0)
-        consumer = AIOKafkaConsumer(
-            **client_options,
-            group_id=None,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-            auto_offset_reset="earliest",  # the stored offset may be past retention
-            max_partition_fetch_bytes=2 * 1024 * 1024,
-            fetch_max_bytes=8 * 1024 * 1024,
-        )
+        config = restore_config(kafka, restore_group(self._changelogs))
+        consumer = await asyncio.to_thread(Consumer, config)
         total = 0
         try:
-            await consumer.start()
-            consumer.assign(list(places))
-            ends = await consumer.end_offsets(list(places))
-            remaining: dict[TopicPartition, int] = {}
-            for tp, (table, partition) in places.items():
+            ends = await asyncio.to_thread(_ends, consumer, list(places))
+            remaining: dict[tuple[str, int], int] = {}
+            starts: list[RdTopicPartition] = []
+            for place, (table, partition) in places.items():
                 stored = self.changelog_offset(table, partition)
                 start = stored + 1 if stored is not None else 0
-                if start >= ends[tp]:
+                if start >= ends[place]:
                     continue
-                if stored is None:
-                    await consumer.seek_to_beginning(tp)
-                else:
-                    consumer.seek(tp, start)
-                remaining[tp] = ends[tp]
-            consumer.pause(*(tp for tp in places if tp not in remaining))
+                starts.append(
+                    RdTopicPartition(*place, OFFSET_BEGINNING if stored is None else start)
+                )
+                remaining[place] = ends[place]
+            if starts:
+                await asyncio.to_thread(consumer.assign, starts)
             now = time.time()
             while remaining:
-                fetched = await consumer.getmany(
-                    *remaining, timeout_ms=1000, max_records=RESTORE_BATCH
-                )
-                for tp, records in fetched.items():
-                    table, partition = places[tp]
-                    reader = expiry_of.get(table)
-                    items: dict[bytes, bytes | None] = {}
-                    for record in records:
-                        if record.key is None:
-                            continue
-                        value = record.value
-                        if value is not None and reader is not None:
-                            expires_at = reader(value)
-                            if expires_at is not None and expires_at <= now:
-                                value = None
-                        items[record.key] = value
-                    total += len(records)
-                    self.apply(
-                        {(table, partition): items},
-                        [Acknowledged(tp.topic, tp.partition, records[-1].offset, 1)],
-                    )
+                messages = await asyncio.to_thread(consumer.consume, RESTORE_BATCH, RESTORE_POLL_S)
+                total += self._apply_restored(messages, places, remaining, expiry_of, now)
+                if messages:
                     await asyncio.sleep(0)  # let /metrics and heartbeats in between
-                for tp in list(remaining):
-                    if await consumer.position(tp) >= remaining[tp]:
-                        del remaining[tp]
+                    positions = await asyncio.to_thread(
+                        consumer.position, [RdTopicPartition(*place) for place in remaining]
+                    )
+                    for position in positions:
+                        place = (position.topic, position.partition)
+                        if position.offset >= 0 and position.offset >= remaining.get(place, 0):
+                            remaining.pop(place, None)
         finally:
-            await consumer.stop()
+            await asyncio.to_thread(consumer.close)
         return Restored(len(partitions), total, time.monotonic() - started)
