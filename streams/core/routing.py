@@ -6,8 +6,11 @@ with an event too large for the topics it would go through (its `raw` record, wh
 event carries whole, makes it so): `event_record_bytes` over `EVENT_MAX_MESSAGE_BYTES`. It is
 never truncated, and never written to fail there.
 
-What a raw topic lets its writers claim (streams.config.RawTopicConfig) is checked here, as
-a bound on every credential that may write the topic:
+Routing reads no settings: it takes a `RoutePolicy`, small frozen values built once per
+Settings by the shell (streams.stages.normalize `route_policy`).
+
+What a raw topic lets its writers claim (`RawTopicPolicy`, from streams.config.RawTopicConfig)
+is checked here, as a bound on every credential that may write the topic:
 
 * its sources: a record whose `source` header names a source the topic does not carry (on
   a topic with `default_source`, any other source) is dead-lettered, never normalized as the
@@ -19,14 +22,14 @@ a bound on every credential that may write the topic:
   be configured and reached by the topic: else dead-lettered. The other candidates count
   `filtered{reason="instance"}`;
 * the events of one delivery: at most what its provider sends in one
-  (`StreamConfig.events_bound`), else the whole delivery is dead-lettered, nothing of it
-  published.
+  (`RoutePolicy.events_bounds`: `stream.max_events_per_delivery`, else the provider's), else
+  the whole delivery is dead-lettered, nothing of it published.
 
 An event visits only the instances that could keep it, its candidates: those whose bucket
 is the event's (or every bucket: no bucket, `"*"`; or the delivery names none) and whose
 prefix holds its key on a path boundary (or that have none). `InstanceIndex` finds them
 with a map per bucket and a map of prefixes each (one look-up per `/` of the key up to the
-longest prefix), built once per Settings (Settings.derived), so that routing costs the same
+longest prefix), built once per policy, so that routing costs the same
 with 10,000 instances as with one; they are tried in configuration order, the order of the
 keyed records. Each candidate applies its rules (streams.core.rules) in full, so what is kept
 is exactly what trying every instance kept (tests/fuzz/test_routing_index.py holds the two
@@ -51,12 +54,13 @@ from __future__ import annotations
 import logging
 import traceback
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from streams.config import InstanceConfig, RawTopicConfig, Settings
 from streams.core.event import FileEvent
 from streams.core.normalizers import MalformedDelivery, normalize
 from streams.core.records import (
+    EVENT_MAX_MESSAGE_BYTES,
     OutRecord,
     RawRecord,
     dead_letter_record,
@@ -64,8 +68,7 @@ from streams.core.records import (
     event_record_bytes,
     keyed_record,
 )
-from streams.core.rules import Filtered, apply_instance
-from streams.engine.topics import EVENT_MAX_MESSAGE_BYTES
+from streams.core.rules import Filtered, InstanceRules, apply_rules
 from streams.logs import printable
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,38 @@ log = logging.getLogger(__name__)
 
 NO_INSTANCE = ("*", "no-instance")
 """The `Routed.filtered` entry of an event no instance's bucket and prefix hold."""
+
+
+@dataclass(frozen=True, slots=True)
+class RawTopicPolicy:
+    """What a raw topic's records may claim (streams.config.RawTopicConfig)."""
+
+    name: str
+    default_source: str | None
+    """The source of its records that carry no `source` header."""
+    carried_sources: tuple[str, ...] | None
+    """The sources its records may claim; None: every source."""
+    instances: tuple[str, ...] | None
+    """The instances its deliveries may reach; None: every instance."""
+
+    def carries(self, source: str) -> bool:
+        carried = self.carried_sources
+        return carried is None or source in carried
+
+
+@dataclass(frozen=True, slots=True)
+class RoutePolicy:
+    """Everything stage one's routing reads of the settings, built once per Settings
+    (streams.stages.normalize `route_policy`)."""
+
+    repartition_topic: str
+    dead_letter_topic: str
+    raw_topics: Mapping[str, RawTopicPolicy]
+    """By name: the configured raw topics (a record of another topic claims what it will)."""
+    events_bounds: Mapping[str, int]
+    """Per source: the most events one delivery may hold (module docstring)."""
+    index: InstanceIndex
+    """The instances, in configuration order, by what selects them."""
 
 
 @dataclass(slots=True)
@@ -87,9 +122,9 @@ class Routed:
     dead_letter_reason: str | None = None
 
 
-def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
+def route(record: RawRecord, key: bytes | None, policy: RoutePolicy) -> Routed:
     """Normalize one raw record and fan it out to the instances that keep its events."""
-    topic = settings.stream.raw_topic(record.topic)
+    topic = policy.raw_topics.get(record.topic)
     delivery = delivery_from_raw(record, topic.default_source if topic is not None else None)
     routed = Routed()
     reason: str | None = None
@@ -103,14 +138,14 @@ def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
                 f"only: a record on it cannot claim source {delivery.source[:64]!r}"
             )
         events = normalize(delivery)
-        bound = settings.stream.events_bound(delivery.source)
+        bound = policy.events_bounds[delivery.source]
         if len(events) > bound:
             raise MalformedDelivery(
                 f"{len(events):,} events in one delivery, over the {bound:,} one {delivery.source} "
                 f"delivery holds at most (stream.max_events_per_delivery.{delivery.source})"
             )
         if delivery.source == "reconcile" and events:
-            only = reconcile_instance(events[0], topic, settings)
+            only = reconcile_instance(events[0], topic, policy)
     except MalformedDelivery as malformed:
         reason = f"{delivery.source[:64] or '?'}: {malformed}"
     except Exception as bug:  # a normalizer bug must not stop the stream on one delivery
@@ -124,7 +159,7 @@ def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
         )
     if reason is None:
         try:
-            _fan_out(routed, events, record.headers.get("received-at"), settings, topic, only)
+            _fan_out(routed, events, record.headers.get("received-at"), policy, topic, only)
         except TooLarge as too_large:
             routed = Routed()
             reason = f"{delivery.source}: {too_large}"
@@ -135,12 +170,12 @@ def route(record: RawRecord, key: bytes | None, settings: Settings) -> Routed:
         reason = printable(reason)  # one line, in the log and in the `error` header
         routed.dead_letter_reason = reason
         routed.records.append(
-            dead_letter_record(settings.stream.dead_letter_topic, record, key, reason, "normalize")
+            dead_letter_record(policy.dead_letter_topic, record, key, reason, "normalize")
         )
     return routed
 
 
-def reconcile_instance(event: FileEvent, topic: RawTopicConfig | None, settings: Settings) -> str:
+def reconcile_instance(event: FileEvent, topic: RawTopicPolicy | None, policy: RoutePolicy) -> str:
     """The one instance a reconcile event is for: the one its delivery names, else the one
     its topic reaches; MalformedDelivery when that is none, unknown, or not the topic's."""
     named = event.raw.get("instance") if isinstance(event.raw, dict) else None
@@ -153,7 +188,7 @@ def reconcile_instance(event: FileEvent, topic: RawTopicConfig | None, settings:
                 "a reconcile delivery names no instance (and its topic reaches more than one)"
             )
         named = pinned[0]
-    index = instance_index(settings)
+    index = policy.index
     if named not in index.positions:
         raise MalformedDelivery(f"instance {named[:200]!r} is not configured")
     if topic is not None and not index.reaches(topic, named):
@@ -204,10 +239,13 @@ class _Place:
 
 
 class InstanceIndex:
-    """The instances of one Settings by what selects them (built once: `instance_index`)."""
+    """The instances of one configuration by what selects them (built once per
+    `RoutePolicy`)."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.instances: tuple[InstanceConfig, ...] = settings.instances
+    def __init__(
+        self, instances: Sequence[InstanceRules], raw_topics: Sequence[RawTopicPolicy]
+    ) -> None:
+        self.instances: tuple[InstanceRules, ...] = tuple(instances)
         self.positions: dict[str, int] = {}
         """Each instance's place in the configuration, by name."""
         self.buckets: dict[str, _Place] = {}
@@ -218,11 +256,11 @@ class InstanceIndex:
         """Every instance: for a delivery that names no bucket, which passes every bucket."""
         self.reach: dict[str, frozenset[str]] = {
             topic.name: frozenset(topic.instances)
-            for topic in settings.stream.raw_topics
+            for topic in raw_topics
             if topic.instances is not None
         }
         """The instances each raw topic that pins some reaches."""
-        for position, instance in enumerate(settings.instances):
+        for position, instance in enumerate(self.instances):
             self.positions[instance.name] = position
             self.anywhere.add(position, instance.prefix)
             if instance.bucket is None:
@@ -248,27 +286,22 @@ class InstanceIndex:
             found.sort()
         return found
 
-    def reaches(self, topic: RawTopicConfig, name: str) -> bool:
-        """RawTopicConfig.reaches, by a set."""
+    def reaches(self, topic: RawTopicPolicy, name: str) -> bool:
+        """Whether `topic`'s deliveries may reach instance `name`, by a set."""
         pinned = self.reach.get(topic.name)
         return pinned is None or name in pinned
-
-
-def instance_index(settings: Settings) -> InstanceIndex:
-    """The InstanceIndex of `settings`, built on first use and kept on them."""
-    return settings.derived(InstanceIndex)
 
 
 def _fan_out(
     routed: Routed,
     events: list[FileEvent],
     received_at: bytes | None,
-    settings: Settings,
-    topic: RawTopicConfig | None,
+    policy: RoutePolicy,
+    topic: RawTopicPolicy | None,
     only: str | None,
 ) -> None:
     routed.events = len(events)
-    index = instance_index(settings)
+    index = policy.index
     instances = index.instances
     pinned = index.reach.get(topic.name) if topic is not None else None
     for event in events:
@@ -284,13 +317,11 @@ def _fan_out(
             if only is not None and instance.name != only:
                 routed.filtered[(instance.name, "instance")] += 1
                 continue
-            kept = apply_instance(event, instance)
+            kept = apply_rules(event, instance)
             if isinstance(kept, Filtered):
                 routed.filtered[(instance.name, kept.reason)] += 1
             else:
-                keyed = keyed_record(
-                    settings.stream.repartition_topic, instance.name, kept, received_at
-                )
+                keyed = keyed_record(policy.repartition_topic, instance.name, kept, received_at)
                 size = event_record_bytes(instance.name, kept, keyed)
                 if size > EVENT_MAX_MESSAGE_BYTES:
                     raise TooLarge(

@@ -16,10 +16,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from streams import metrics
-from streams.config import Settings
+from streams.config import RawTopicConfig, Settings
 from streams.core.normalizers import HEADERS_READ, SOURCES
 from streams.core.records import (
     HEADER_PREFIX,
+    RAW_MAX_MESSAGE_BYTES,
     OutRecord,
     RawRecord,
     dead_letter_record,
@@ -27,13 +28,13 @@ from streams.core.records import (
     headers_dict,
     repeated_headers,
 )
-from streams.core.routing import Routed, route
+from streams.core.routing import InstanceIndex, RawTopicPolicy, Routed, RoutePolicy, route
 from streams.engine.batches import Batch
 from streams.engine.librdkafka.consumer import Unreadable, headers_unreadable
 from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.outcomes import DeadLetters
-from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
 from streams.logs import printable
+from streams.policies import instance_rules
 from streams.progress import Stopping
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,34 @@ becomes a metric label (a hostile one would make a series per value)."""
 def source_label(source: str | None) -> str:
     """The metric label of a delivery's source: one of a fixed set."""
     return source if source in KNOWN_SOURCES else UNKNOWN_SOURCE
+
+
+def raw_topic_policy(topic: RawTopicConfig) -> RawTopicPolicy:
+    """What routing checks of a raw topic's records (streams.core.routing)."""
+    return RawTopicPolicy(
+        name=topic.name,
+        default_source=topic.default_source,
+        carried_sources=topic.carried_sources,
+        instances=topic.instances,
+    )
+
+
+def build_route_policy(settings: Settings) -> RoutePolicy:
+    """Stage one's policy of `settings` (use `route_policy`, which builds it once)."""
+    raw_topics = [raw_topic_policy(topic) for topic in settings.stream.raw_topics]
+    return RoutePolicy(
+        repartition_topic=settings.stream.repartition_topic,
+        dead_letter_topic=settings.stream.dead_letter_topic,
+        raw_topics={topic.name: topic for topic in raw_topics},
+        events_bounds={source: settings.stream.events_bound(source) for source in SOURCES},
+        index=InstanceIndex([instance_rules(i) for i in settings.instances], raw_topics),
+    )
+
+
+def route_policy(settings: Settings) -> RoutePolicy:
+    """The RoutePolicy of `settings`, built on first use and kept on them (Settings.derived):
+    what streams.core.routing takes instead of the settings."""
+    return settings.derived(build_route_policy)
 
 
 MAX_BATCHES_IN_FLIGHT = 2
@@ -139,6 +168,7 @@ class NormalizeStage:
         """Normalize and route every delivery of `batch` (counted in the metrics): the keyed
         and dead-letter records, and the delivery each keyed record came from."""
         settings = self.settings
+        policy = route_policy(settings)
         records: list[OutRecord] = []
         origins: dict[int, tuple[RawRecord, bytes | None]] = {}
         received: Counter[str] = Counter()
@@ -160,9 +190,9 @@ class NormalizeStage:
                 if len(raw.value) > RAW_MAX_MESSAGE_BYTES:
                     routed = self._oversized(raw, key)
                 elif len(raw.headers) < len(header_list):
-                    routed = self._repeated(raw, key, header_list) or route(raw, key, settings)
+                    routed = self._repeated(raw, key, header_list) or route(raw, key, policy)
                 else:
-                    routed = route(raw, key, settings)
+                    routed = route(raw, key, policy)
                 source = source_label(header_text(raw.headers, "source") or default_source)
                 received[source] += 1
                 normalized[source] += routed.events

@@ -31,6 +31,7 @@ from streams.core.records import OutRecord, event_record_bytes, keyed_record
 from streams.core.routing import NO_INSTANCE, Routed, TooLarge
 from streams.core.rules import Filtered, apply_instance, under_prefix
 from streams.engine.topics import EVENT_MAX_MESSAGE_BYTES
+from streams.stages.normalize import raw_topic_policy, route_policy
 
 PREFIXES = ["", "a", "a/b", "a/b/c", "ab", "a//b", "/a/", "b", "a.b", "tenant-1", "tenant-10", "."]
 BUCKETS = [None, "*", "b1", "b2", ""]
@@ -182,7 +183,9 @@ def test_the_index_decides_what_every_instance_decided(data: Any) -> None:
 
     linear, indexed = Routed(), Routed()
     linear_fan_out(linear, batch, received_at, config, topic, only)
-    routing._fan_out(indexed, batch, received_at, config, topic, only)
+    policy = route_policy(config)
+    chosen = policy.raw_topics[topic.name] if topic is not None else None
+    routing._fan_out(indexed, batch, received_at, policy, chosen, only)
 
     assert records(indexed) == records(linear)
     assert indexed.events == linear.events
@@ -209,7 +212,9 @@ def test_a_reconcile_delivery_names_the_instance_it_did(data: Any) -> None:
     except MalformedDelivery:
         expected = None
     try:
-        found: str | None = routing.reconcile_instance(event, topic, config)
+        found: str | None = routing.reconcile_instance(
+            event, raw_topic_policy(topic) if topic is not None else None, route_policy(config)
+        )
     except MalformedDelivery:
         found = None
     assert found == expected
@@ -217,11 +222,11 @@ def test_a_reconcile_delivery_names_the_instance_it_did(data: Any) -> None:
 
 def test_the_index_is_built_once_per_settings_and_a_copy_builds_its_own() -> None:
     config = Settings.model_validate({"instances": [{"name": "a", "prefix": "a"}]})
-    index = routing.instance_index(config)
-    assert routing.instance_index(config) is index
+    index = route_policy(config).index
+    assert route_policy(config).index is index
     grown = config.model_copy(
         update={"instances": (*config.instances, InstanceConfig(name="b", prefix="b"))}
     )
-    assert routing.instance_index(grown) is not index
-    assert routing.instance_index(grown).candidates(None, "b/x") == [1]
+    assert route_policy(grown).index is not index
+    assert route_policy(grown).index.candidates(None, "b/x") == [1]
     assert index.candidates(None, "b/x") == []

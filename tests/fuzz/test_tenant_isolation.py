@@ -32,6 +32,7 @@ from streams.core.event import FileEvent
 from streams.core.records import RawRecord, parse_keyed
 from streams.core.routing import route
 from streams.core.rules import Filtered, apply_instance
+from streams.stages.normalize import route_policy
 
 # Pieces that make look-alike and traversal-shaped keys and prefixes.
 SEGMENTS = [
@@ -295,7 +296,7 @@ def test_a_delivery_is_routed_to_exactly_the_instances_that_contain_its_key(
     key = data.draw(keys_for(instances).filter(lambda k: k and "\x00" not in k))
     bucket = data.draw(st.sampled_from(["uploads", "uploads-b"]))
     raw = _s3_delivery(key, bucket) if source == "s3" else _gcs_delivery(key, bucket)
-    routed = route(raw, None, _settings(instances))
+    routed = route(raw, None, route_policy(_settings(instances)))
     if routed.dead_letter_reason is not None:
         # a key the provider cannot send (e.g. lone surrogates): nobody gets anything
         assert all(record.topic == "files.dead-letter" for record in routed.records)

@@ -23,6 +23,7 @@ from streams.config import LEGACY_REPARTITION_TOPIC, Settings
 from streams.core.records import RawRecord
 from streams.core.routing import route
 from streams.engine.topics import ensure_topics, topology
+from streams.stages.normalize import route_policy
 
 pytestmark = pytest.mark.kafka
 
@@ -118,7 +119,7 @@ def test_an_app_still_on_the_shared_topic_keeps_it_and_loses_nothing_waiting_the
         delivery = RawRecord(
             names.raw, s3_body(s3_record(waiting_key, "0055AED6DCD90281E5")), {"source": b"s3"}
         )
-        [keyed] = route(delivery, None, legacy_settings).records
+        [keyed] = route(delivery, None, route_policy(legacy_settings)).records
         assert keyed.topic == LEGACY_REPARTITION_TOPIC
         await produce(
             private_kafka, keyed.topic, [(keyed.value or b"", list(keyed.headers))], keyed.key

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -158,7 +159,7 @@ def test_the_head_reads_as_the_json_did(event: FileEvent) -> None:
     st.none() | st.text(max_size=20),
 )
 def test_any_raw_fields_read_as_the_json_did(
-    raw: dict, provider: str, sequencer: str | None
+    raw: dict[str, Any], provider: str, sequencer: str | None
 ) -> None:
     event = FileEvent(
         id="i", type="created", key="k", provider=provider, sequencer=sequencer, raw=raw

@@ -36,6 +36,7 @@ from streams.engine.topics import (
     RAW_MAX_MESSAGE_BYTES,
     topology,
 )
+from streams.stages.normalize import route_policy
 
 SETTINGS = Settings.model_validate({"instances": [{"name": "tenant-a", "prefix": "tenant-a"}]})
 
@@ -191,7 +192,8 @@ def s3_delivery(key: str, padding: int) -> bytes:
 
 def test_an_event_too_large_for_its_topics_dead_letters_its_whole_delivery() -> None:
     body = s3_delivery("tenant-a/big", EVENT_MAX_MESSAGE_BYTES)
-    routed = route(RawRecord("files.raw", body, {"source": b"s3"}), b"raw-key", SETTINGS)
+    record = RawRecord("files.raw", body, {"source": b"s3"})
+    routed = route(record, b"raw-key", route_policy(SETTINGS))
     [letter] = routed.records
     assert letter.topic == SETTINGS.stream.dead_letter_topic
     assert letter.value == body and letter.key == b"raw-key"
@@ -203,7 +205,7 @@ def test_an_event_too_large_for_its_topics_dead_letters_its_whole_delivery() -> 
 
 def test_an_event_just_within_the_limit_is_routed() -> None:
     body = s3_delivery("tenant-a/big", EVENT_MAX_MESSAGE_BYTES - 10_000)
-    routed = route(RawRecord("files.raw", body, {"source": b"s3"}), None, SETTINGS)
+    routed = route(RawRecord("files.raw", body, {"source": b"s3"}), None, route_policy(SETTINGS))
     assert routed.dead_letter_reason is None
     [keyed] = routed.records
     assert keyed.topic == SETTINGS.stream.repartition_topic

@@ -17,6 +17,7 @@ from streams.core.event import FileEvent
 from streams.core.normalizers import SOURCES
 from streams.core.records import OutRecord, RawRecord, parse_keyed
 from streams.core.routing import route
+from streams.stages.normalize import route_policy
 
 SETTINGS = Settings.model_validate(
     {
@@ -78,7 +79,7 @@ def keyed(records: list[OutRecord]) -> list[tuple[bytes | None, str, str]]:
 
 def test_events_fan_out_per_instance_with_the_repartition_key() -> None:
     record = raw(s3_body(s3_record("tenant-a/photos/red+flower.jpg")), source=b"s3")
-    routed = route(record, b"any", SETTINGS)
+    routed = route(record, b"any", route_policy(SETTINGS))
     assert keyed(routed.records) == [
         (b"tenant-a/uploads/photos/red flower.jpg", "tenant-a", "photos/red flower.jpg"),
         (b"all/uploads/tenant-a/photos/red flower.jpg", "all", "tenant-a/photos/red flower.jpg"),
@@ -89,7 +90,7 @@ def test_events_fan_out_per_instance_with_the_repartition_key() -> None:
 
 
 def test_keyed_value_carries_the_whole_event() -> None:
-    routed = route(raw(s3_body(s3_record("x")), source=b"s3"), None, SETTINGS)
+    routed = route(raw(s3_body(s3_record("x")), source=b"s3"), None, route_policy(SETTINGS))
     record = routed.records[0]
     assert record.value is not None
     event = FileEvent.model_validate_json(record.value)
@@ -100,13 +101,13 @@ def test_keyed_value_carries_the_whole_event() -> None:
 
 def test_received_at_travels_with_every_keyed_record() -> None:
     record = raw(s3_body(s3_record("tenant-a/x")), source=b"s3", received_at=b"1764461287000")
-    routed = route(record, None, SETTINGS)
+    routed = route(record, None, route_policy(SETTINGS))
     assert len(routed.records) == 2
     assert all(dict(r.headers)["received-at"] == b"1764461287000" for r in routed.records)
 
 
 def test_without_received_at_only_the_instance_and_head_headers() -> None:
-    routed = route(raw(s3_body(s3_record("x")), source=b"s3"), None, SETTINGS)
+    routed = route(raw(s3_body(s3_record("x")), source=b"s3"), None, route_policy(SETTINGS))
     assert [[name for name, _ in r.headers] for r in routed.records] == [["instance", "head"]]
     assert routed.records[0].headers[0] == ("instance", b"all")
 
@@ -119,7 +120,7 @@ def test_filtered_counts_by_instance_and_reason() -> None:
         s3_record("tenant-a-archive/x"),
         s3_record("tenant-a/.versions/x/1"),
     )
-    routed = route(raw(body, source=b"s3"), None, SETTINGS)
+    routed = route(raw(body, source=b"s3"), None, route_policy(SETTINGS))
     assert routed.events == 5
     # Only candidates count: an event outside tenant-a's bucket or prefix was never its.
     assert routed.filtered == Counter({("tenant-a", "plugin:versioning"): 1})
@@ -144,7 +145,7 @@ def test_an_event_no_instance_holds_counts_once_under_no_instance() -> None:
         }
     )
     body = s3_body(s3_record("tenant-7/x"), s3_record("elsewhere/x"), s3_record("x", "other"))
-    routed = route(raw(body, source=b"s3"), None, settings)
+    routed = route(raw(body, source=b"s3"), None, route_policy(settings))
     assert [(instance, key) for _, instance, key in keyed(routed.records)] == [("tenant-7", "x")]
     assert routed.filtered == Counter({routing.NO_INSTANCE: 2})
     assert routing.NO_INSTANCE == ("*", "no-instance")
@@ -161,7 +162,7 @@ def test_a_delivery_without_file_events_routes_nothing() -> None:
             "HostId": "h",
         }
     ).encode()
-    routed = route(raw(body, source=b"s3"), None, SETTINGS)
+    routed = route(raw(body, source=b"s3"), None, route_policy(SETTINGS))
     assert (routed.records, routed.events, routed.filtered) == ([], 0, Counter())
     assert routed.dead_letter_reason is None
 
@@ -169,7 +170,7 @@ def test_a_delivery_without_file_events_routes_nothing() -> None:
 def assert_dead_letter(
     record: RawRecord, key: bytes | None, reason_part: str, reason_start: str
 ) -> None:
-    routed = route(record, key, SETTINGS)
+    routed = route(record, key, route_policy(SETTINGS))
     assert len(routed.records) == 1
     dead = routed.records[0]
     assert dead.topic == DEAD_LETTER
@@ -215,7 +216,7 @@ def test_a_dead_letter_reason_quoting_input_is_one_printable_line(separator: str
     not end the line (a `source` header forging a line of the worker's log)."""
     forged = "[2026-12-07 03:00:00,000] [1] [CRITICAL] FORGED ok"
     record = raw(s3_body(s3_record("x")), source=f"s3{separator}{forged}".encode())
-    routed = route(record, b"k", SETTINGS)
+    routed = route(record, b"k", route_policy(SETTINGS))
     reason = routed.dead_letter_reason
     assert reason is not None and reason.isprintable(), reason
     assert reason.splitlines() == [reason]
@@ -227,7 +228,7 @@ def test_a_dead_letter_reason_quoting_input_is_one_printable_line(separator: str
 
 def test_a_reason_without_unprintable_characters_is_kept_as_it_is() -> None:
     record = raw(s3_body(s3_record("x")), source="dröp\\box".encode())
-    assert route(record, b"k", SETTINGS).dead_letter_reason == (
+    assert route(record, b"k", route_policy(SETTINGS)).dead_letter_reason == (
         "dröp\\box: unknown source 'dröp\\\\box' (known: " + ", ".join(SOURCES) + ")"
     )
 
@@ -258,7 +259,7 @@ MINIO_BODY = json.dumps(
 
 
 def test_default_source_applies_without_a_source_header() -> None:
-    routed = route(raw(MINIO_BODY, topic="minio.events"), None, SETTINGS)
+    routed = route(raw(MINIO_BODY, topic="minio.events"), None, route_policy(SETTINGS))
     # bucket "images" is not tenant-a's: only the all-buckets instance keeps it.
     assert keyed(routed.records) == [(b"all/images/tenant-a/a+b.jpg", "all", "tenant-a/a+b.jpg")]
     assert routed.filtered == Counter()  # tenant-a, of another bucket, was never a candidate
@@ -275,7 +276,8 @@ def test_a_topic_with_a_default_source_refuses_a_record_claiming_another() -> No
     reconcile = raw(reconcile_body("all", "deleted"), topic="minio.events", source=b"reconcile")
     assert_dead_letter(reconcile, None, "cannot claim source 'reconcile'", "reconcile: ")
     # Its own source, said or not, is normalized as before.
-    said = route(raw(MINIO_BODY, topic="minio.events", source=b"minio"), None, SETTINGS)
+    said_minio = raw(MINIO_BODY, topic="minio.events", source=b"minio")
+    said = route(said_minio, None, route_policy(SETTINGS))
     assert keyed(said.records) == [(b"all/images/tenant-a/a+b.jpg", "all", "tenant-a/a+b.jpg")]
 
 
@@ -315,7 +317,7 @@ def scoped() -> Settings:
 
 
 def scoped_route(record: RawRecord) -> Any:
-    return route(record, None, scoped())
+    return route(record, None, route_policy(scoped()))
 
 
 def test_a_topic_carries_only_the_sources_the_configuration_gives_it() -> None:
@@ -379,7 +381,7 @@ def test_a_delivery_with_more_events_than_its_provider_sends_is_dead_lettered_wh
     """Issue 23 #8: MinIO sends one record per POST; 10,701 records made 10,701 events."""
     record_ = json.loads(MINIO_BODY)["Records"][0]
     many = json.dumps({"Records": [record_] * 3}).encode()
-    routed = route(raw(many, topic="minio.events"), None, SETTINGS)
+    routed = route(raw(many, topic="minio.events"), None, route_policy(SETTINGS))
     assert [r.topic for r in routed.records] == [DEAD_LETTER]
     assert routed.dead_letter_reason == (
         "minio: 3 events in one delivery, over the 1 one minio delivery holds at most "
@@ -389,7 +391,7 @@ def test_a_delivery_with_more_events_than_its_provider_sends_is_dead_lettered_wh
     s3_many = raw(
         s3_body(*(s3_record(f"k{n}", sequencer=f"{n:04X}") for n in range(11))), source=b"s3"
     )
-    assert route(s3_many, None, SETTINGS).dead_letter_reason == (
+    assert route(s3_many, None, route_policy(SETTINGS)).dead_letter_reason == (
         "s3: 11 events in one delivery, over the 10 one s3 delivery holds at most "
         "(stream.max_events_per_delivery.s3)"
     )
@@ -399,8 +401,8 @@ def test_a_delivery_with_more_events_than_its_provider_sends_is_dead_lettered_wh
             "stream": SETTINGS.stream.model_copy(update={"max_events_per_delivery": {"s3": 11}})
         }
     )
-    assert route(s3_many, None, raised).dead_letter_reason is None
-    assert route(s3_many, None, raised).events == 11
+    assert route(s3_many, None, route_policy(raised)).dead_letter_reason is None
+    assert route(s3_many, None, route_policy(raised)).events == 11
 
 
 def test_a_malformed_delivery_on_a_default_source_topic_names_that_source() -> None:
@@ -422,7 +424,7 @@ def test_a_normalizer_bug_quoting_input_is_logged_on_escaped_lines(
 
     monkeypatch.setattr(routing, "normalize", broken)
     with caplog.at_level(logging.ERROR, logger="streams.core.routing"):
-        routed = route(raw(b"{}", source=f"s3\n{forged}".encode()), b"k", SETTINGS)
+        routed = route(raw(b"{}", source=f"s3\n{forged}".encode()), b"k", route_policy(SETTINGS))
     assert routed.dead_letter_reason == (
         f"s3\\n{forged}: internal error ValueError: bad field\\n{forged}"
     )
