@@ -83,6 +83,17 @@ restarted, `send_offsets_to_transaction` was seen waiting for good for a group c
 never looks up again (confluentinc/librdkafka#5456 and #5511, open in 2.16). This long past
 its timeout the producer is given up (its thread left inside it) and a new one under the same
 transactional id fences it: the open transaction aborts, and its records are written again."""
+RETRY_BACKOFF_MS = 10
+"""`retry.backoff.ms` of the transactional producer (librdkafka's default: 100). Back-to-back
+transactions wait on it: the coordinator answers CONCURRENT_TRANSACTIONS to a transaction's
+AddOffsetsToTxn while the previous one's commit markers are still being written,
+and librdkafka sends such a request again after `retry.backoff.ms` (rdkafka_txnmgr.c,
+`rd_kafka_txn_handle_AddOffsetsToTxn`: `rd_kafka_buf_retry`; only AddPartitionsToTxn has its
+own 20 ms). Markers take a few milliseconds, so a 100 ms backoff made most transactions of a
+busy partition wait ~100 ms for nothing. Since librdkafka 2.3 (KIP-580) the backoff of each
+request's later retries doubles up to `retry.backoff.max.ms` (1 s, unchanged), so a broker in
+real trouble is not retried faster for long; produce retries of this producer start at 10 ms
+too, which idempotence makes safe (sequence numbers: no duplicate, no reordering)."""
 TRANSACTION_TIMEOUT_MS = 30_000
 """`transaction.timeout.ms`: how long a transaction a vanished worker left open holds the
 read_committed readers of its partitions back, when no restart under its id aborts it."""
@@ -303,6 +314,7 @@ class MemberTransactions:
                 **{
                     "transactional.id": self.transactional_id,
                     "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                    "retry.backoff.ms": RETRY_BACKOFF_MS,
                 },
             )
         )
