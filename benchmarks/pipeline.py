@@ -53,19 +53,25 @@ Each figure is events/s from the first input read to the last output acknowledge
 pipeline and Kafka Streams alike: the last decided event readable `read_committed` on the
 output and stale topics, read from outside, so that neither serves a metrics page meanwhile).
 Then
-latency at a fixed offered load: p50/p99 from publishing a delivery to the raw topic until its
-event is readable (read_committed) on the output topic. `--profile` samples the pipeline's
-worker with py-spy and prints where its time went (benchmarks.profile). Then the other
-sections, each its own script: state (benchmarks.restore), normalizers
-(benchmarks.normalizers), webhook bridge (benchmarks.webhook). The last line is
-`pipeline / kafka-streams: X.XX` (events/s over events/s; after pipeline / ceiling and the
-CPU ratio). A measurement, not a test.
+latency at a fixed offered load (`--rate`, `--seconds`): p50/p99 from publishing a delivery to
+the raw topic until its event is readable (read_committed) on the output topic, for the
+pipeline and (with the `kstreams` contestant) the Kafka Streams job, each started afresh on a
+raw topic of its own and warmed by WARM_UP deliveries first, `--latency-rounds` rounds with
+the jobs alternating; the last round's figures and their ratio are printed again after the
+runs (`--stream-setting` passes `[stream]` settings to the latency run's worker, e.g. a batch
+window; BENCH_WORKER_TREE runs another checkout's worker, for before / after rounds).
+`--profile` samples the pipeline's worker with py-spy and prints where its time went
+(benchmarks.profile). Then the other sections, each its own script: state
+(benchmarks.restore), normalizers (benchmarks.normalizers), webhook bridge
+(benchmarks.webhook). The last line is `pipeline / kafka-streams: X.XX` (events/s over
+events/s; after pipeline / ceiling and the CPU ratio). A measurement, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -565,13 +571,14 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.kill()
 
 
-def worker_config(workdir: Path, suffix: str, raw_topic: str) -> tuple[Path, str]:
+def worker_config(workdir: Path, suffix: str, raw_topic: str, extra: str = "") -> tuple[Path, str]:
+    """The bench worker's settings file (`extra`: more `[stream]` lines) and output topic."""
     output = f"bench-out-{suffix}"
     config = workdir / f"{suffix}.toml"
     config.write_text(
         f'[stream]\napp_id = "bench-{suffix}"\nraw_topics = ["{raw_topic}"]\n'
         f'repartition_topic = "bench-{suffix}.by-key"\ndead_letter_topic = "bench-dl-{suffix}"\n'
-        f'partitions = {PARTITIONS}\n[[instances]]\nname = "default"\ntopic = "{output}"\n'
+        f'partitions = {PARTITIONS}\n{extra}[[instances]]\nname = "default"\ntopic = "{output}"\n'
         f'stale_topic = "bench-stale-{suffix}"\n'
     )
     return config, output
@@ -626,12 +633,20 @@ def stage_breakdown(port: int) -> str:
 
 
 def start_worker(
-    bootstrap: str, raw_topic: str, workdir: Path, name: str, processes: int | None = None
+    bootstrap: str,
+    raw_topic: str,
+    workdir: Path,
+    name: str,
+    processes: int | None = None,
+    extra: str = "",
 ) -> tuple[WorkerProcess, int, str]:
     """`faust -A streams worker` on `raw_topic` with a fresh app id, its stages in
-    `processes` processes (None: the default): (worker, web port, output)."""
+    `processes` processes (None: the default), `extra` lines in its `[stream]` settings:
+    (worker, web port, output). With BENCH_WORKER_TREE set, the worker runs that checkout's
+    `streams` and `fileevents` (PYTHONPATH), e.g. a `git worktree` of the code before a
+    change, for before / after rounds in one run."""
     suffix = uuid.uuid4().hex[:8]
-    config, output = worker_config(workdir, suffix, raw_topic)
+    config, output = worker_config(workdir, suffix, raw_topic, extra)
     port = free_port()
     env = {
         **os.environ,
@@ -642,6 +657,9 @@ def start_worker(
     }
     if processes is not None:
         env["STREAMS_STAGE_PROCESSES"] = str(processes)
+    if os.environ.get("BENCH_WORKER_TREE"):
+        tree = os.environ["BENCH_WORKER_TREE"]
+        env["PYTHONPATH"] = f"{tree}{os.pathsep}{tree}/fileevents/src"
     worker = WorkerProcess(env, workdir / f"{name}-{suffix}.log")
     worker.start()
     return worker, port, output
@@ -778,53 +796,129 @@ def run_floor(bootstrap: str, raw_topic: str, count: int, workdir: Path) -> floa
         stop(floor)
 
 
-async def latency(bootstrap: str, rate: float, seconds: float, workdir: Path) -> list[float]:
+LATENCY_JOBS = ("pipeline", "kstreams")
+"""The jobs whose latency `make bench` measures, alternating: the worker and its Kafka Streams
+peer (the same job, benchmarks.kstreams)."""
+WARM_UP = 20_000
+"""Deliveries each latency run publishes (as fast as it can) and sees decided before its timed
+part: the JIT, the caches, the producers' and coordinators' first requests are behind it."""
+
+
+@dataclass(frozen=True)
+class Latency:
+    """One latency run: publish -> readable read_committed on the output, per timed event."""
+
+    job: str
+    delays: list[float]
+    """Seconds, sorted."""
+    offered: int
+
+    def quantile(self, q: float) -> float:
+        """The `q` quantile in milliseconds (nearest rank)."""
+        return self.delays[min(len(self.delays) - 1, int(len(self.delays) * q))] * 1000
+
+    def line(self, rate: float, seconds: float) -> str:
+        if not self.delays:
+            return f"{self.job}: no event arrived"
+        return (
+            f"{self.job}: p50 {self.quantile(0.5):.0f} ms, p99 {self.quantile(0.99):.0f} ms "
+            f"({len(self.delays)} of {self.offered} events at {rate:,.0f}/s for {seconds:.0f} s, "
+            f"after {WARM_UP:,} warm-up deliveries)"
+        )
+
+
+def latency(
+    bootstrap: str,
+    rate: float,
+    seconds: float,
+    workdir: Path,
+    job: str = "pipeline",
+    extra: str = "",
+) -> Latency:
+    """Publish -> readable (read_committed) on `job`'s output topic, for `seconds` at `rate`
+    deliveries/s, once WARM_UP deliveries published before are readable. `job`: the worker
+    (`pipeline`, with the `[stream]` settings `extra`) or its Kafka Streams peer
+    (`kstreams`), each on a raw topic of its own, started for the run."""
     suffix = uuid.uuid4().hex[:8]
     raw_topic = f"bench-lat-raw-{suffix}"
-    await create_topics(bootstrap, raw_topic)
-    worker, _, output = start_worker(bootstrap, raw_topic, workdir, "latency")
+    asyncio.run(create_topics(bootstrap, raw_topic))
+    total = int(rate * seconds)
+    with contextlib.ExitStack() as running:
+        if job == "pipeline":
+            worker, _, output = start_worker(bootstrap, raw_topic, workdir, "latency", extra=extra)
+            running.callback(worker.stop)
+            worker.wait_ready()
+        else:
+            output = running.enter_context(
+                kstreams.serve(
+                    bootstrap,
+                    raw_topic,
+                    WARM_UP + total,
+                    workdir,
+                    lambda *names: asyncio.run(create_topics(bootstrap, *names)),
+                    load_settings(worker_config(workdir, "kstreams", raw_topic)[0], environ={}),
+                )
+            )
+        asyncio.run(create_topics(bootstrap, output))  # the reader may start before the job
+        return asyncio.run(_publish_and_time(bootstrap, raw_topic, output, rate, total, job))
+
+
+async def _publish_and_time(
+    bootstrap: str, raw_topic: str, output: str, rate: float, total: int, job: str
+) -> Latency:
+    consumer = AIOKafkaConsumer(
+        output,
+        **kafka_args(bootstrap),
+        group_id=None,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+    )
+    await consumer.start()
+    producer = AIOKafkaProducer(**kafka_args(bootstrap), acks="all", linger_ms=0)
+    await producer.start()
+    sent: dict[str, float] = {}
+    arrived: dict[str, float] = {}
+
+    async def collect() -> None:
+        while True:
+            for messages in (await consumer.getmany(timeout_ms=200)).values():
+                now = time.monotonic()
+                for message in messages:
+                    arrived.setdefault(dict(message.headers)["ce_id"].decode(), now)
+
+    def delivery(n: int) -> tuple[str, str, bytes]:
+        key = f"lat/{n % 1000:04d}"
+        body = s3_body(key, f"{0x0069B21FFD07000000 + n:018X}")
+        [event] = normalize(Delivery("s3", body))
+        return event.id, key, body
+
+    async def arrived_all(ids: list[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not all(i in arrived for i in ids):
+            await asyncio.sleep(0.1)
+
+    collector = asyncio.create_task(collect())
     try:
-        worker.wait_ready()
-        consumer = AIOKafkaConsumer(
-            output,
-            **kafka_args(bootstrap),
-            group_id=None,
-            auto_offset_reset="earliest",
-            isolation_level="read_committed",
-        )
-        await consumer.start()
-        producer = AIOKafkaProducer(**kafka_args(bootstrap), acks="all", linger_ms=0)
-        await producer.start()
-        sent: dict[str, float] = {}
-        arrived: dict[str, float] = {}
-
-        async def collect() -> None:
-            while True:
-                for messages in (await consumer.getmany(timeout_ms=200)).values():
-                    now = time.monotonic()
-                    for message in messages:
-                        arrived.setdefault(dict(message.headers)["ce_id"].decode(), now)
-
-        collector = asyncio.create_task(collect())
-        total = int(rate * seconds)
+        warm = [delivery(n) for n in range(WARM_UP)]
+        pending = [
+            await producer.send(raw_topic, body, key=key.encode(), headers=[("source", b"s3")])
+            for _, key, body in warm
+        ]
+        await asyncio.gather(*pending)
+        await arrived_all([event_id for event_id, _, _ in warm], 600)
+        timed = [delivery(n) for n in range(WARM_UP, WARM_UP + total)]
         started = time.monotonic()
-        for n in range(total):
-            key = f"lat/{n % 1000:04d}"
-            body = s3_body(key, f"{0x0069B21FFD07000000 + n:018X}")
-            [event] = normalize(Delivery("s3", body))
+        for n, (event_id, key, body) in enumerate(timed):
             await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
-            sent[event.id] = time.monotonic()
+            sent[event_id] = time.monotonic()
             await producer.send(raw_topic, body, key=key.encode(), headers=[("source", b"s3")])
         await producer.flush()
-        deadline = time.monotonic() + 60
-        while len(arrived) < total and time.monotonic() < deadline:
-            await asyncio.sleep(0.1)
+        await arrived_all(list(sent), 60)
+    finally:
         collector.cancel()
         await producer.stop()
         await consumer.stop()
-        return sorted(arrived[i] - sent[i] for i in sent if i in arrived)
-    finally:
-        worker.stop()
+    return Latency(job, sorted(arrived[i] - sent[i] for i in sent if i in arrived), total)
 
 
 SECTIONS = {
@@ -912,6 +1006,20 @@ def main() -> int:
         help="run the pipeline contestants this many times, alternating (medians printed)",
     )
     parser.add_argument(
+        "--latency-rounds",
+        type=int,
+        default=2,
+        help="latency runs per job, the jobs alternating (the last round's figures are quoted)",
+    )
+    parser.add_argument(
+        "--stream-setting",
+        action="append",
+        default=[],
+        metavar="NAME = VALUE",
+        help="a `[stream]` setting line for the latency run's worker (TOML), e.g. "
+        "'batch_within_s = 0.005'; repeatable",
+    )
+    parser.add_argument(
         "--profile",
         type=Path,
         help="sample the pipeline's worker with py-spy and summarise it",
@@ -946,7 +1054,7 @@ def main() -> int:
     streams: kstreams.StreamsRun | None = None
     streams_runs: list[kstreams.StreamsRun] = []
     """One Kafka Streams run per round, each right after that round's pipeline runs."""
-    delays: list[float] = []
+    latencies: list[Latency] = []
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         workdir = Path(tmp)
         if "ceiling" in chosen:
@@ -1016,7 +1124,13 @@ def main() -> int:
                     flush=True,
                 )
         if "latency" in chosen:
-            delays = asyncio.run(latency(bootstrap, args.rate, args.seconds, workdir))
+            jobs = [job for job in LATENCY_JOBS if job == "pipeline" or "kstreams" in chosen]
+            extra = "".join(f"{setting}\n" for setting in args.stream_setting)
+            for round_ in range(args.latency_rounds):
+                for job in jobs if round_ % 2 == 0 else reversed(jobs):
+                    measured = latency(bootstrap, args.rate, args.seconds, workdir, job, extra)
+                    latencies.append(measured)
+                    print(f"  latency round {round_ + 1}, {measured.line(args.rate, args.seconds)}")
         if "librdkafka" in chosen:
             loop = librdkafka_loop(bootstrap, raw_topic, new_sink(), count)
             print(
@@ -1051,12 +1165,17 @@ def main() -> int:
             else:
                 ours, against = expected_outputs(records, raw_topic), "the pipeline's rules"
             same = check_same_outputs(read_outputs(bootstrap, *streams.topics), ours, against)
-    if delays:
-        p50 = delays[len(delays) // 2] * 1000
-        p99 = delays[min(len(delays) - 1, int(len(delays) * 0.99))] * 1000
+    last = {measured.job: measured for measured in latencies if measured.delays}  # last rounds
+    for measured in last.values():
         print(
-            f"latency at {args.rate:,.0f}/s for {args.seconds:.0f} s: p50 {p50:.0f} ms, "
-            f"p99 {p99:.0f} ms ({len(delays)} events)"
+            f"latency, publish -> readable read_committed, {measured.line(args.rate, args.seconds)}"
+        )
+    if len(last) == 2:
+        mine, peer = last["pipeline"], last["kstreams"]
+        print(
+            f"latency, pipeline / kafka-streams: p50 "
+            f"{mine.quantile(0.5) / peer.quantile(0.5):.2f}, p99 "
+            f"{mine.quantile(0.99) / peer.quantile(0.99):.2f}"
         )
     if args.profile is not None and args.profile.exists():
         print("\n".join(report(args.profile)))

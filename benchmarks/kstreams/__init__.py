@@ -16,6 +16,7 @@ threads (/proc/<pid>/stat), over the same span.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import queue
@@ -24,7 +25,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -177,34 +178,9 @@ def run(
     sinks = [output, stale, dead_letter]
     names = sinks + ([f"{sink}-warm" for sink in sinks] if warm else [])
     create_topics(*names)
-    log = workdir / f"kstreams-{suffix}.log"
-    with log.open("w") as err:
-        process = subprocess.Popen(
-            [
-                *(
-                    "java",
-                    "-Xms512m",
-                    "-Xmx1g",
-                    "-cp",
-                    classpath,
-                    "dev.storageevents.bench.SameJob",
-                ),
-                f"bootstrap={bootstrap}",
-                f"input={raw_topic}",
-                f"app=bench-ks-{suffix}",
-                f"output={output}",
-                f"stale={stale}",
-                f"deadletter={dead_letter}",
-                *job_args(settings),
-                f"deliveries={deliveries}",
-                f"state={workdir / ('ks-state-' + suffix)}",
-                f"warm={1 if warm else 0}",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-        )
+    process, log = _start(
+        classpath, bootstrap, raw_topic, suffix, sinks, deliveries, workdir, settings, warm
+    )
     lines: queue.Queue[str] = queue.Queue()
     assert process.stdout is not None and process.stdin is not None
     threading.Thread(target=_lines, args=(process.stdout, lines), daemon=True).start()
@@ -254,6 +230,75 @@ def run(
         if process.poll() is None:
             process.kill()
             process.wait(30)
+
+
+def _start(
+    classpath: str,
+    bootstrap: str,
+    raw_topic: str,
+    suffix: str,
+    sinks: list[str],
+    deliveries: int,
+    workdir: Path,
+    settings: Settings,
+    warm: bool,
+) -> tuple[subprocess.Popen[str], Path]:
+    """The job's JVM on `raw_topic`, writing to `sinks` (output, stale, dead letter); its log."""
+    output, stale, dead_letter = sinks
+    log = workdir / f"kstreams-{suffix}.log"
+    with log.open("w") as err:
+        process = subprocess.Popen(
+            [
+                *(
+                    "java",
+                    "-Xms512m",
+                    "-Xmx1g",
+                    "-cp",
+                    classpath,
+                    "dev.storageevents.bench.SameJob",
+                ),
+                f"bootstrap={bootstrap}",
+                f"input={raw_topic}",
+                f"app=bench-ks-{suffix}",
+                f"output={output}",
+                f"stale={stale}",
+                f"deadletter={dead_letter}",
+                *job_args(settings),
+                f"deliveries={deliveries}",
+                f"state={workdir / ('ks-state-' + suffix)}",
+                f"warm={1 if warm else 0}",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    return process, log
+
+
+@contextlib.contextmanager
+def serve(
+    bootstrap: str,
+    raw_topic: str,
+    deliveries: int,
+    workdir: Path,
+    create_topics: Callable[..., None],
+    settings: Settings,
+) -> Iterator[str]:
+    """The job running on `raw_topic` (no warm pass of its own: the latency run warms it with
+    its first records) until it is left; yields its output topic. `deliveries`: how many the
+    caller publishes (the job keeps running after them until stopped)."""
+    suffix = uuid.uuid4().hex[:8]
+    sinks = [f"bench-ks-out-{suffix}", f"bench-ks-stale-{suffix}", f"bench-ks-dl-{suffix}"]
+    create_topics(*sinks)
+    process, _ = _start(
+        build(), bootstrap, raw_topic, suffix, sinks, deliveries, workdir, settings, False
+    )
+    try:
+        yield sinks[0]
+    finally:
+        process.kill()
+        process.wait(30)
 
 
 def ce_id(message: Message) -> str:
