@@ -54,10 +54,14 @@ def load_compiled() -> ModuleType:
 def remove_build(compiled: ModuleType) -> None:
     """Every extension file and record of a previous build (of any module list)."""
     compiled.MANIFEST.unlink(missing_ok=True)
-    core = ROOT / "streams" / "core"
+    # The packages compiled modules live in (streams/core, streams/migrations), whichever the
+    # list named before: an extension file left there would shadow its source.
+    packages = {ROOT / "streams" / "core", ROOT / "streams" / "migrations"}
+    packages |= {compiled.source_path(module).parent for module in compiled.MODULES}
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        for path in [*core.rglob(f"*{suffix}"), *ROOT.glob(f"*__mypyc{suffix}")]:
-            path.unlink()
+        found = [path for package in sorted(packages) for path in package.rglob(f"*{suffix}")]
+        for path in [*found, *ROOT.glob(f"*__mypyc{suffix}")]:
+            path.unlink(missing_ok=True)
 
 
 def c_compiler() -> str | None:

@@ -45,7 +45,7 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -61,6 +61,9 @@ from streams.kafka_settings import ENVIRONMENT as KAFKA_ENVIRONMENT
 from streams.kafka_settings import KafkaSettings
 from streams.schedule import ScheduleError
 from streams.schedule import parse as parse_schedule
+
+if TYPE_CHECKING:
+    from streams.core.emitting import EmitPolicy
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -1007,6 +1010,13 @@ class Settings(_Strict):
             return found
         known = _some([instance.name for instance in self.instances])
         raise ConfigError(f"no instance named {name!r} (configured: {known})")
+
+    def emit_policy(self) -> EmitPolicy:
+        """Stage two's policy of these settings (streams.policies `emit_policy`), built once:
+        what streams.core.emitting takes instead of the settings."""
+        from streams.policies import emit_policy  # the shell's builder, which imports this
+
+        return self.derived(emit_policy)
 
     def derived(self, build: Callable[[Settings], _T]) -> _T:
         """What `build(self)` returns, built once for these settings and kept on them: the

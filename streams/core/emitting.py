@@ -34,15 +34,15 @@ one changelog record:
   `<instance>|<scope>|<id>`. Instance names hold no `|` and scopes neither `|`, `/` nor `:`, so
   no two (instance, scope, id) share a key, and a key of the first form with the id `<p>:...`
   can only be written by provider `p`.
-* `marks`: read only to move state written by older versions into `keys`
-  (`migrated_mark`, at a partition's restore), then emptied.
+* `marks`: read only to move state written by older versions into `keys`, then emptied.
 
-State written by older versions (two tables; keys without scopes) is read for one window, the
-longest dedupe TTL after a partition's first plan (`SEEN_UNTIL_KEY`, `LEGACY_UNTIL_KEY`): a
-miss in a key's record also reads `seen` and the unscoped keys, under rules that let no
-provider's delivery reach another's state (`legacy_id_readable`, `legacy_mark_applies`).
-What each upgrade keeps, and why that is safe: docs/upgrading.md, "Per-key state" and "Provider
-scopes in the stream's state".
+The plan reads the state through a `StateReads` (streams.core.state): the current layout by
+itself, and, wrapped by streams.migrations (`UpgradeReads`, the default), for a window after an
+upgrade also what earlier releases wrote (`seen` ids from before per-key state, keys from
+before scopes). Each such window and move, and when it can be removed: streams.migrations.
+
+The plan takes an `EmitPolicy` (built once from the settings by streams.policies), never the
+settings themselves.
 
 Deleted keys' marks expire (streams.core.ordering `with_grace`): the mark a `deleted` event
 leaves records `forget_at` = now + the grace (`stream.deleted_mark_grace_s`, else the
@@ -63,20 +63,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from streams.config import InstanceConfig, Settings
 from streams.core.event import FileEvent
 from streams.core.keystate import (
     FORGETTABLE_MARKER,
     KeyState,
     decode,
     encode,
-    read_json,
     record_forget_at,
 )
-from streams.core.normalizers import SOURCES
 from streams.core.ordering import (
-    TOKEN_KINDS,
-    Mark,
     bounded_mark,
     forgotten,
     mark_for,
@@ -95,18 +90,51 @@ from streams.core.records import (
     parse_keyed,
     partition_key,
 )
-from streams.engine.store import OFFSET_KEY, Revision
+from streams.core.state import (
+    FORGET,
+    KEYS,
+    MARKS,
+    SEEN,
+    Revision,
+    StateReader,
+    StateReads,
+    decode_expiry,
+    encode_expiry,
+    id_key,
+    own_id,
+    seen_key,
+)
+from streams.migrations import (
+    LEGACY_UNTIL_KEY,
+    SEEN_UNTIL_KEY,
+    UpgradeReads,
+    legacy_id_readable,
+    legacy_mark_applies,
+    mark_forget_at,
+    migrated_mark,
+    stamp_unended,
+)
+from streams.migrations.marks_move import DELETED_MARKER
 
-KEYS = "keys"
-SEEN = "seen"
-MARKS = "marks"
-LEGACY_UNTIL_KEY = b"\x00legacy-keys-until"
-"""In `keys` (in `marks` before per-key state): until when this partition also reads the keys
-written before scopes (module docstring). Starts with NUL, as no instance name does; it never
-expires (it is no key's record)."""
-SEEN_UNTIL_KEY = b"\x00seen-ids-until"
-"""In `keys`: until when a miss in a key's ids also reads `seen`, where ids were recorded
-before per-key state (module docstring)."""
+__all__ = [
+    "FORGET",
+    "KEYS",
+    "LEGACY_UNTIL_KEY",
+    "MARKS",
+    "SEEN",
+    "SEEN_UNTIL_KEY",
+    "StateReader",
+    "decode_expiry",
+    "encode_expiry",
+    "id_key",
+    "legacy_id_readable",
+    "legacy_mark_applies",
+    "mark_forget_at",
+    "migrated_mark",
+    "own_id",
+    "seen_key",
+]
+
 KEYS_SWEEP_SCAN = 50_000
 """Key records a sweep reads per partition (the next sweep resumes there): the table holds
 every live key, and the sweep holds the emit stage up while it reads, 1.5-4 us a record
@@ -119,11 +147,64 @@ table holds every id of the last TTL, millions per partition, and a read costs ~
 Decisions do not wait for it (an id past its expiry counts as new, a restore skips it), only
 the space does: a partition of 2M ids is read through every 40 sweeps (20 min at the default
 30 s), so an id leaves the disk at most that long after its expiry."""
-DELETED_MARKER = b"deleted"
-"""In every stored mark of a deleted key (its `type`): marks without it are skipped unparsed."""
-KNOWN_SOURCES = frozenset(SOURCES)
-UNPREFIXED_ID_PROVIDERS = frozenset({"eventbridge", "azure", "b2", "box", "cloudinary"})
-"""Providers whose event ids are their own (not `<provider>:...`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstancePolicy:
+    """What the plan needs of one instance (streams.policies builds it from its settings)."""
+
+    name: str
+    dedupe_ttl: float
+    output_topic: str
+    stale_output_topic: str
+    reconciled_source: str | None
+    """The provider a `reconcile` event of this instance is ordered against (`instance_scope`)."""
+    deleted_mark_grace: float
+    """How long a deleted key's mark is kept (`stream.deleted_mark_grace_s`, else the TTL)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EmitPolicy:
+    """What the plan and the sweep need of the settings, built once per settings
+    (streams.policies `emit_policy`), so that neither scans the instances per batch or key."""
+
+    instances: Mapping[str, InstancePolicy]
+    dead_letter_topic: str
+    max_clock_skew_s: float
+    longest_ttl: float
+    """The longest dedupe TTL: the upgrade windows' length."""
+    other_grace: float
+    """The deleted-mark grace of an instance no longer configured."""
+
+    def grace(self, instance_name: str) -> float:
+        """How long a deleted key's mark of `instance_name` is kept."""
+        found = self.instances.get(instance_name)
+        return found.deleted_mark_grace if found is not None else self.other_grace
+
+
+class PolicySource(Protocol):
+    """Something that holds an `EmitPolicy` (the settings: streams.config.Settings)."""
+
+    def emit_policy(self) -> EmitPolicy: ...
+
+
+def policy_of(source: EmitPolicy | PolicySource) -> EmitPolicy:
+    return source if isinstance(source, EmitPolicy) else source.emit_policy()
+
+
+class Scoping(Protocol):
+    """What the scopes read of an instance: an InstancePolicy (or its settings)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def reconciled_source(self) -> str | None: ...
+
+
+ReadsFactory = Callable[
+    [StateReader, dict[tuple[str, int], dict[bytes, bytes]], float, float], StateReads
+]
+"""Builds one batch's reader: (state, the plan's writes, now, the longest TTL)."""
 
 
 @dataclass(slots=True)  # not frozen: built per record (streams.core.records)
@@ -136,12 +217,6 @@ class KeyedInput:
     value: bytes
     headers: Mapping[str, bytes | None] = field(default_factory=dict)
     offset: int = -1
-
-
-class StateReader(Protocol):
-    """Read access to the co-partitioned state tables."""
-
-    def get(self, table: str, partition: int, key: bytes) -> bytes | None: ...
 
 
 class PendingState:
@@ -176,23 +251,6 @@ class EmitPlan:
         self.writes.setdefault((table, partition), {})[key] = value
 
 
-def seen_key(instance: str, event_id: str, scope: str | None = None) -> bytes:
-    """The dedupe key of an id in `scope`; without a scope, the key of a provider's own
-    derived id in its own scope, which is also the key before scopes (module docstring)."""
-    if scope is None:
-        return f"{instance}/{event_id}".encode()
-    return f"{instance}|{scope}|{event_id}".encode()
-
-
-def own_id(event_id: str, provider: str, scope: str) -> bool:
-    """Whether `event_id` is `provider`'s derived id in the provider's own scope."""
-    return (
-        scope == provider
-        and event_id.startswith(provider)
-        and event_id[len(provider) : len(provider) + 1] == ":"
-    )
-
-
 def mark_key(instance: str, event: KeyedEvent | FileEvent, scope: str | None = None) -> bytes:
     """Ordering state is per object and scope: (instance, scope, bucket, key). Without a
     scope: the key before scopes, (instance, bucket, key) like the repartition key."""
@@ -201,7 +259,7 @@ def mark_key(instance: str, event: KeyedEvent | FileEvent, scope: str | None = N
     return f"{instance}|{scope}|{event.bucket or ''}/{event.key}".encode()
 
 
-def instance_scope(event: KeyedEvent, instance: InstanceConfig) -> str:
+def instance_scope(event: KeyedEvent, instance: Scoping) -> str:
     """`streams.core.ordering.scope`, except that a `reconcile` event takes the scope of the
     instance's one source: it is a listing of that provider's bucket, ordered by time
     against the provider's own notifications."""
@@ -218,13 +276,6 @@ def id_scope(event: KeyedEvent, event_scope: str) -> str:
     return "reconcile" if event.provider == "reconcile" else event_scope
 
 
-def id_key(instance: str, event_id: str, provider: str, scope: str) -> tuple[bytes, bool]:
-    """The `seen` key of `provider`'s id in `scope`, and whether the id is the provider's own
-    (whose key is the one before scopes: module docstring)."""
-    own = own_id(event_id, provider, scope)
-    return seen_key(instance, event_id, None if own else scope), own
-
-
 def scoped_seen_key(instance: str, event: KeyedEvent, scope: str) -> tuple[bytes, bool]:
     """`id_key` of `event`'s id in `scope`."""
     return id_key(instance, event.id, event.provider, scope)
@@ -239,7 +290,7 @@ def spill_key(instance: str, entry: list[Any], event_scope: str) -> bytes:
     return id_key(instance, entry[0], event_scope.partition("@")[0], event_scope)[0]
 
 
-def unrecord(plan: EmitPlan, event: KeyedEvent, instance: InstanceConfig, partition: int) -> None:
+def unrecord(plan: EmitPlan, event: KeyedEvent, instance: Scoping, partition: int) -> None:
     """Take `event`'s id back out of `plan`'s writes: its output was refused and replaced by
     a dead letter, whose replay after the fix must be no duplicate. Its key's mark stays (at
     worst an older event of the key is stale)."""
@@ -255,82 +306,24 @@ def unrecord(plan: EmitPlan, event: KeyedEvent, instance: InstanceConfig, partit
     plan.writes.get((SEEN, partition), {}).pop(dedupe_key(event, instance), None)
 
 
-def dedupe_key(event: KeyedEvent, instance: InstanceConfig) -> bytes:
+def dedupe_key(event: KeyedEvent, instance: Scoping) -> bytes:
     """The `seen` key of `event` in `instance`: where its id is if it was spilled from its
     key's record, or recorded before per-key state."""
     event_scope = id_scope(event, instance_scope(event, instance))
     return scoped_seen_key(instance.name, event, event_scope)[0]
 
 
-def legacy_id_readable(event_id: str, provider: str) -> bool:
-    """Whether the pre-scope key of `event_id` may stand in for a scoped miss: not for an id
-    `<p>:...` of another source `p`, whose old-form key `p` still writes."""
-    head, colon, _ = event_id.partition(":")
-    return not colon or head == provider or head not in KNOWN_SOURCES
-
-
-def legacy_mark_applies(legacy: Mark, mark: Mark, provider: str, scope: str) -> bool:
-    """Whether a mark written before scopes orders an event of `provider` in `scope` whose
-    own mark is `mark`: same provider (by the id's prefix, else by the token kind), same kind."""
-    if legacy.kind != mark.kind:
-        return False
-    owners = {provider, scope.partition("@")[0]}
-    head, colon, _ = legacy.event_id.partition(":")
-    if colon and head in KNOWN_SOURCES:
-        return head in owners
-    if legacy.kind is None:
-        return not owners.isdisjoint(UNPREFIXED_ID_PROVIDERS)
-    # Unprefixed with a token: S3, MinIO and GCS ids are always prefixed.
-    issuers = TOKEN_KINDS[legacy.kind] & UNPREFIXED_ID_PROVIDERS
-    return not owners.isdisjoint(issuers)
-
-
-class InstanceTimes:
-    """What the plan and the sweep look up by instance, built once per Settings
-    (Settings.derived: `instance_times`), so that neither scans the instances per batch or
-    per key (issue 33)."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.instances: dict[str, InstanceConfig] = {
-            instance.name: instance for instance in settings.instances
-        }
-        self.longest: float = max(instance.dedupe_ttl for instance in settings.instances)
-        """The longest dedupe TTL."""
-        chosen = settings.stream.deleted_mark_grace_s
-        self.graces: dict[str, float] = {
-            name: chosen if chosen is not None else instance.dedupe_ttl
-            for name, instance in self.instances.items()
-        }
-        """Each instance's deleted-mark grace (`deleted_mark_grace`)."""
-        self.other_grace: float = chosen if chosen is not None else self.longest
-        """The grace of an instance no longer configured."""
-
-
-def instance_times(settings: Settings) -> InstanceTimes:
-    return settings.derived(InstanceTimes)
-
-
-def deleted_mark_grace(settings: Settings, instance_name: str) -> float:
+def deleted_mark_grace(policy: EmitPolicy | PolicySource, instance_name: str) -> float:
     """How long a deleted key's mark is kept: `stream.deleted_mark_grace_s`, else the
     instance's dedupe TTL (else, for an instance no longer configured, the longest)."""
-    times = instance_times(settings)
-    return times.graces.get(instance_name, times.other_grace)
+    return policy_of(policy).grace(instance_name)
 
 
 def mark_instance(key: bytes) -> str:
-    """The instance of a `marks` key of either form (`<instance>|...`, `<instance>/...`):
-    instance names hold neither `|` nor `/`."""
+    """The instance of a `keys` or `marks` key of either form (`<instance>|...`,
+    `<instance>/...`): instance names hold neither `|` nor `/`."""
     text = key.decode("utf-8", "replace")
     return text.split("|", 1)[0].split("/", 1)[0]
-
-
-def mark_forget_at(stored: bytes) -> float | None:
-    """When a stored mark is forgotten, None if never (a live key's, or not stamped yet): the
-    restore's expiry reader for `marks`."""
-    if DELETED_MARKER not in stored:
-        return None
-    mark = _read_mark(stored)
-    return mark.forget_at if mark is not None and mark.type == "deleted" else None
 
 
 def key_revision(
@@ -338,8 +331,8 @@ def key_revision(
 ) -> Revision | None:
     """What the sweep does to one `keys` record: None (keep it); delete one past its end
     (`streams.core.keystate`: a deleted key's past its grace whose ids expired, or one of ids
-    alone); stamp a deleted key's mark written before marks expired (no `forget_at`, migrated
-    from `marks`) with `now` + its grace (`grace_of(key)`), so that it goes a grace later."""
+    alone); stamp a deleted key's mark that has no end (streams.migrations `stamp_unended`)
+    with `now` + its grace (`grace_of(key)`), so that it goes a grace later."""
     if key.startswith(b"\x00"):
         return None  # a partition's marker, no key's record
     if FORGETTABLE_MARKER in stored:
@@ -348,37 +341,9 @@ def key_revision(
     if DELETED_MARKER not in stored:
         return None
     current = decode(stored)
-    mark = current.mark
-    if mark is None or mark.type != "deleted" or mark.forget_at is not None:
+    if not stamp_unended(current, now, grace_of(key)):
         return None
-    current.mark = with_grace(mark, now, grace_of(key))
     return Revision(encode(current))
-
-
-def migrated_mark(key: bytes, stored: bytes) -> bytes | None:
-    """The `keys` record of a `marks` entry (per-key state's upgrade: a key's mark becomes its
-    record's; the pre-scope window's marker is copied as it is); None for an unreadable one."""
-    if key == LEGACY_UNTIL_KEY:
-        return stored
-    mark = _read_mark(stored)
-    return encode(KeyState(mark=mark)) if mark is not None else None
-
-
-def encode_expiry(expires_at: float) -> bytes:
-    return f"{expires_at:.3f}".encode()
-
-
-def decode_expiry(value: bytes | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-FORGET = Revision(None)
-"""The revision that deletes an entry: one object for every id a sweep forgets."""
 
 
 def seen_revision(key: bytes, stored: bytes, now: float) -> Revision | None:
@@ -389,107 +354,61 @@ def seen_revision(key: bytes, stored: bytes, now: float) -> Revision | None:
 
 
 def plan_batch(
-    inputs: Sequence[KeyedInput], settings: Settings, state: StateReader, now: float
+    inputs: Sequence[KeyedInput],
+    policy: EmitPolicy | PolicySource,
+    state: StateReader,
+    now: float,
+    reads: ReadsFactory = UpgradeReads,
 ) -> EmitPlan:
-    """Decide every event of a batch; `now` (epoch seconds) ages dedupe entries, bounds the
-    event times recorded in marks and closes the windows of earlier state layouts.
+    """Decide every event of a batch: dedupe, then order, then emit. `now` (epoch seconds)
+    ages dedupe entries, bounds the event times recorded in marks and closes the upgrade
+    windows; `reads` builds the batch's reader (streams.migrations' by default, which also
+    reads what earlier releases wrote; `StateReads` for the current layout alone).
 
     One state read per event on the common path (its key's record, `streams.core.keystate`),
     and one record written per key the batch touched, however many of its events it held."""
+    rules = policy_of(policy)
     plan = EmitPlan()
-    times = instance_times(settings)  # read only: shared by every batch
-    instances = times.instances
-    latest = now + settings.stream.max_clock_skew_s
-    windows: dict[tuple[bytes, int], float] = {}
-    graces = times.graces
+    reader = reads(state, plan.writes, now, rules.longest_ttl)
+    instances = rules.instances
+    latest = now + rules.max_clock_skew_s
     records: dict[tuple[int, bytes], KeyState] = {}
     """(partition, key) -> the key's state as this batch leaves it; written once at the end."""
     changed: set[tuple[int, bytes]] = set()
-    longest = times.longest
-
-    def lookup(table: str, partition: int, key: bytes) -> bytes | None:
-        found = plan.writes.get((table, partition))
-        if found is not None and key in found:
-            return found[key]
-        return state.get(table, partition, key)
-
-    def window_open(marker: bytes, partition: int, tables: tuple[str, ...]) -> bool:
-        """Whether `partition` still reads an earlier layout's state (module docstring):
-        until `marker`'s time in `keys`, set on the partition's first plan to now + the
-        longest TTL when any of `tables` had state, else to now. Read once per batch."""
-        until = windows.get((marker, partition))
-        if until is None:
-            stored = lookup(KEYS, partition, marker)
-            if stored is not None:
-                until = decode_expiry(stored) or 0.0
-            else:
-                had_state = any(
-                    state.get(table, partition, OFFSET_KEY) is not None for table in tables
-                )
-                until = now + longest if had_state else now
-                plan.write(KEYS, partition, marker, encode_expiry(until))
-            windows[(marker, partition)] = until
-        return now < until
 
     for item in inputs:
-        instance_name = "?"
-        try:
-            event = parse_keyed(item.value, item.headers)
-            instance_name = event.instance
-            instance = instances[instance_name]
-        except (ValueError, KeyError) as exc:
-            reason = f"unreadable keyed record: {exc}"
-            if isinstance(exc, KeyError):
-                reason = f"instance {exc} is no longer configured"
-            raw = RawRecord(item.topic, item.value, item.headers)
-            plan.outputs.append(
-                dead_letter_record(settings.stream.dead_letter_topic, raw, item.key, reason, "emit")
-            )
-            plan.outcomes[(instance_name, "dead_letter")] += 1
+        event = _parse(item, instances, plan, rules.dead_letter_topic)
+        if event is None:
             continue
-
+        instance = instances[event.instance]
         partition = item.partition
         event_scope = instance_scope(event, instance)
         ids_scope = id_scope(event, event_scope)
         reconciled = ids_scope != event_scope
         key_key = mark_key(instance.name, event, event_scope)
-        found = records.get((partition, key_key))
-        if found is None:
-            found = records[(partition, key_key)] = decode(lookup(KEYS, partition, key_key))
-        current = found
+        current = records.get((partition, key_key))
+        if current is None:
+            current = records[(partition, key_key)] = reader.record(partition, key_key)
 
-        # 1. Dedupe: the key's recent ids, then (a hot key's, or in the upgrade window) `seen`.
+        # 1. Dedupe: the key's recent ids, then the ids it spilled to `seen`.
         if current.seen(event.id, reconciled, now):
             plan.outcomes[(instance.name, "duplicate")] += 1
             continue
-        if current.spilled(now) or window_open(SEEN_UNTIL_KEY, partition, (SEEN, MARKS)):
-            id_key, own = scoped_seen_key(instance.name, event, ids_scope)
-            stored = lookup(SEEN, partition, id_key)
-            if (
-                stored is None
-                and not own
-                and window_open(LEGACY_UNTIL_KEY, partition, (SEEN, MARKS, KEYS))
-                and legacy_id_readable(event.id, event.provider)
-            ):
-                stored = state.get(SEEN, partition, seen_key(instance.name, event.id))
-            expires_at = decode_expiry(stored)
-            if expires_at is not None and expires_at > now:
-                plan.outcomes[(instance.name, "duplicate")] += 1
-                continue
+        spilled = current.spilled(now)
+        expires_at = reader.spilled_expiry(partition, instance.name, event, ids_scope, spilled)
+        if expires_at is not None and expires_at > now:
+            plan.outcomes[(instance.name, "duplicate")] += 1
+            continue
         changed.add((partition, key_key))
-        for spilled in current.remember(event.id, reconciled, now + instance.dedupe_ttl, now):
-            spilled_key = spill_key(instance.name, spilled, event_scope)
-            plan.write(SEEN, partition, spilled_key, encode_expiry(spilled[1]))
+        for entry in current.remember(event.id, reconciled, now + instance.dedupe_ttl, now):
+            spilled_key = spill_key(instance.name, entry, event_scope)
+            plan.write(SEEN, partition, spilled_key, encode_expiry(entry[1]))
 
-        # 2. Order against the key's mark (or, in the pre-scope window, its old mark).
+        # 2. Order against the key's mark.
         mark = mark_for(event)
         last = current.mark
-        if last is None and window_open(LEGACY_UNTIL_KEY, partition, (SEEN, MARKS, KEYS)):
-            legacy = decode(state.get(KEYS, partition, mark_key(instance.name, event))).mark
-            if legacy is not None and legacy_mark_applies(
-                legacy, mark, event.provider, event_scope
-            ):
-                last = legacy
+        if last is None:
+            last = reader.earlier_mark(partition, instance.name, event, event_scope, mark)
         if forgotten(last, now):
             last = None  # a deleted key past its grace: as if never seen
         last = bounded_mark(last, latest)
@@ -503,8 +422,8 @@ def plan_batch(
 
         # 3. Emit.
         if not _version_only(event):
-            recorded = with_grace(recorded_mark(mark, last, latest), now, graces[instance.name])
-            current.mark = recorded
+            recorded = recorded_mark(mark, last, latest)
+            current.mark = with_grace(recorded, now, instance.deleted_mark_grace)
             current.etag = event.etag
         plan.outputs.append(keyed_output_record(instance.output_topic, event))
         plan.outcomes[(instance.name, "emitted")] += 1
@@ -516,14 +435,28 @@ def plan_batch(
     return plan
 
 
-def _read_mark(stored: bytes | None) -> Mark | None:
-    """The stored mark; an unreadable one counts as none (unknown order passes)."""
-    if stored is None:
-        return None
+def _parse(
+    item: KeyedInput,
+    instances: Mapping[str, InstancePolicy],
+    plan: EmitPlan,
+    dead_letter_topic: str,
+) -> KeyedEvent | None:
+    """The keyed event of `item`, or None once its dead letter is in `plan` (unreadable, or of
+    an instance no longer configured)."""
+    instance_name = "?"
     try:
-        data = read_json(stored)
-        return Mark.from_json(data) if isinstance(data, dict) else None
-    except (ValueError, TypeError):
+        event = parse_keyed(item.value, item.headers)
+        instance_name = event.instance
+        if instance_name not in instances:
+            raise KeyError(instance_name)
+        return event
+    except (ValueError, KeyError) as exc:
+        reason = f"unreadable keyed record: {exc}"
+        if isinstance(exc, KeyError):
+            reason = f"instance {exc} is no longer configured"
+        raw = RawRecord(item.topic, item.value, item.headers)
+        plan.outputs.append(dead_letter_record(dead_letter_topic, raw, item.key, reason, "emit"))
+        plan.outcomes[(instance_name, "dead_letter")] += 1
         return None
 
 

@@ -42,16 +42,57 @@ The checks, in order, each with its `Filtered` reason:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import unquote
 
-from streams.config import InstanceConfig
 from streams.core.event import FileEvent
 
 ALWAYS_ACCEPTED_SOURCES = frozenset({"reconcile"})
 DROPPING_PLUGINS = ("dedup", "versioning", "softDelete")
 SIZE_CHANGING_PLUGINS = ("encryption", "compression")
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceRules:
+    """One instance's rules, as `apply_rules` reads them: built once per settings from the
+    instance's configuration (streams.policies `instance_rules`)."""
+
+    name: str
+    sources: frozenset[str] | None
+    """The providers the instance keeps (`reconcile` always), None for every one."""
+    bucket: str | None
+    prefix: str
+    dropped_prefixes: tuple[tuple[str, str], ...] = ()
+    """(plugin, its prefix) of the plugins whose internal prefixes are dropped, in the order
+    they are checked (dedup, versioning, softDelete)."""
+    clears_unsized: bool = False
+    """The `dedup` plugin: size and etag cleared on an event without a size."""
+    clears_size: bool = False
+    """An `encryption` or `compression` plugin: size cleared on every event."""
+
+
+class Plugin(Protocol):
+    @property
+    def prefix(self) -> str | None: ...
+
+
+class Instance(Protocol):
+    """What `apply_instance` reads of an instance's configuration (streams.config
+    InstanceConfig)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def sources(self) -> Collection[str] | None: ...
+    @property
+    def bucket(self) -> str | None: ...
+    @property
+    def prefix(self) -> str: ...
+    @property
+    def plugins(self) -> Sequence[Plugin]: ...
+    def plugin(self, name: str) -> Plugin | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +163,7 @@ def escapes_root(relative: str) -> bool:
         reading = decoded
 
 
-def accepts_source(instance: InstanceConfig, provider: str) -> bool:
+def accepts_source(instance: Instance | InstanceRules, provider: str) -> bool:
     return (
         instance.sources is None
         or provider in instance.sources
@@ -130,8 +171,38 @@ def accepts_source(instance: InstanceConfig, provider: str) -> bool:
     )
 
 
-def apply_instance(event: FileEvent, instance: InstanceConfig) -> FileEvent | Filtered:
-    """The event as `instance` sees it, or why the instance drops it."""
+def apply_rules(event: FileEvent, rules: InstanceRules) -> FileEvent | Filtered:
+    """The event as the instance of `rules` sees it, or why the instance drops it."""
+    if rules.sources is not None and not accepts_source(rules, event.provider):
+        return Filtered("source")
+    if event.provider in ALWAYS_ACCEPTED_SOURCES and event.raw is not None:
+        named = event.raw.get("instance")  # routing offers it to that instance only, too
+        if isinstance(named, str) and named != rules.name:
+            return Filtered("instance")
+    if rules.bucket is not None and event.bucket is not None and event.bucket != rules.bucket:
+        return Filtered("bucket")
+    key = under_prefix(event.key, rules.prefix)
+    if key is None:
+        return Filtered("prefix")
+    if rules.prefix and escapes_root(key):
+        return Filtered("prefix-escape")
+    changes: dict[str, object] = {"key": key} if key != event.key else {}
+    for name, prefix in rules.dropped_prefixes:
+        # The plugin's prefix itself, its folder marker (`.versions/`) and everything below.
+        if key == prefix or key.startswith(prefix + "/"):
+            return Filtered(f"plugin:{name}")
+    if rules.clears_unsized and not event.size:
+        changes.update(size=None, etag=None)
+    if rules.clears_size:
+        changes["size"] = None
+    # Most instances change nothing: the event itself (frozen) serves, without a copy.
+    return event.model_copy(update=changes) if changes else event
+
+
+def apply_instance(event: FileEvent, instance: Instance) -> FileEvent | Filtered:
+    """The event as `instance` (its configuration) sees it, or why the instance drops it:
+    `apply_rules` of the instance's rules, read from the configuration on every call. Kept
+    for callers not yet holding `InstanceRules` (streams.policies builds them once)."""
     if instance.sources is not None and not accepts_source(instance, event.provider):
         return Filtered("source")
     if event.provider in ALWAYS_ACCEPTED_SOURCES and event.raw is not None:
@@ -170,7 +241,7 @@ BUCKETLESS_SOURCES = ("box", "cloudinary")
 """Sources whose deliveries name no bucket: they pass every bucket filter."""
 
 
-def open_instances_warning(instances: Sequence[InstanceConfig]) -> str | None:
+def open_instances_warning(instances: Sequence[Instance | InstanceRules]) -> str | None:
     """One start-up line naming the instances bound to a bucket that accept every source, or
     None. Said once per start: it is a configuration choice, not an event."""
     names = [i.name for i in instances if i.bucket is not None and i.sources is None]
