@@ -629,6 +629,18 @@ def stage_breakdown(port: int) -> str:
             "each; seconds waiting for records {fetch:.1f}, handling (until acknowledged) "
             "{handle:.1f}, committing offsets {commit:.1f}".format(**seconds)
         )
+    phases = {
+        phase: samples.get(
+            ("storage_events_stage_seconds_total", f"phase={phase}", "stage=emit"), 0.0
+        )
+        for phase in ("txn-produce", "txn-offsets", "txn-commit")
+    }
+    if any(phases.values()):
+        lines.append(
+            "  emit transactions, seconds in: producing {txn-produce:.1f}, "
+            "send_offsets_to_transaction {txn-offsets:.1f}, commit_transaction "
+            "{txn-commit:.1f}".format(**phases)
+        )
     return "\n".join(lines)
 
 

@@ -17,14 +17,20 @@ in offset order."""
 
 
 class StageMeter:
-    """One stage's batch accounting, for either engine's loop: a batch is handled, then its
-    offsets committed (when the stage commits them), timed and counted in streams.metrics."""
+    """One stage's batch accounting, for either engine's loop: the time the loop waited for a
+    batch (phase `fetch`: from the last batch's end to this one's hand-over), the batch handled,
+    then its offsets committed (when the stage commits them), timed and counted in
+    streams.metrics. A stage whose `fetch` time is small against the wall clock is busy: its
+    batches queue behind it."""
 
     def __init__(self, stage: str) -> None:
+        self.waiting = metrics.STAGE_SECONDS.labels(stage, "fetch")
         self.handling = metrics.STAGE_SECONDS.labels(stage, "handle")
         self.committing = metrics.STAGE_SECONDS.labels(stage, "commit")
         self.batches = metrics.STAGE_BATCHES.labels(stage)
         self.handled = metrics.STAGE_RECORDS.labels(stage)
+        self._idle_since: float | None = None
+        """When the last batch ended (None before the first)."""
 
     async def run(
         self,
@@ -33,7 +39,11 @@ class StageMeter:
         commit: Callable[[Batch], Awaitable[None]] | None,
         since: float,
     ) -> None:
-        """Handle `batch` (its handling time counted from `since`), then commit it."""
+        """Handle `batch` (its handling time counted from `since`, when the loop took it),
+        then commit it."""
+        if self._idle_since is not None:
+            self.waiting.inc(max(0.0, since - self._idle_since))
+        self._idle_since = None  # a batch that fails is no wait
         await handle(batch)
         done = time.monotonic()
         self.handling.inc(done - since)
@@ -42,3 +52,4 @@ class StageMeter:
             self.committing.inc(time.monotonic() - done)
         self.batches.inc()
         self.handled.inc(sum(len(records) for records in batch.values()))
+        self._idle_since = time.monotonic()

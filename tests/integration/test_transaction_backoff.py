@@ -24,10 +24,10 @@ pytestmark = pytest.mark.kafka
 TRANSACTIONS = 30
 
 
-async def back_to_back(bootstrap: str, configs: list[dict[str, Any]]) -> tuple[str, str, str]:
+async def back_to_back(bootstrap: str, configs: list[dict[str, Any]]) -> tuple[str, str, str, int]:
     """TRANSACTIONS transactions, each started as soon as the one before committed, each with
     one output record and one changelog record and the next input offset; their topics and
-    group."""
+    group, and the transactions the member counted (TransactionPhases)."""
     tag = uuid.uuid4().hex[:10]
     output, changelog, source, group = f"out-{tag}", f"log-{tag}", f"in-{tag}", f"emit-{tag}"
     for topic in (output, changelog, source):
@@ -60,7 +60,7 @@ async def back_to_back(bootstrap: str, configs: list[dict[str, Any]]) -> tuple[s
     finally:
         await member.stop()
         consumer.close()
-    return output, changelog, group
+    return output, changelog, group, member.phases.committed
 
 
 def test_back_to_back_transactions_commit_each_once_with_the_short_backoff(
@@ -69,7 +69,8 @@ def test_back_to_back_transactions_commit_each_once_with_the_short_backoff(
     configs: list[dict[str, Any]] = []
 
     async def scenario() -> None:
-        output, changelog, group = await back_to_back(kafka_bootstrap, configs)
+        output, changelog, group, counted = await back_to_back(kafka_bootstrap, configs)
+        assert counted == TRANSACTIONS  # each timed by phase (TransactionPhases)
         events = [read.value for read in await read_topic(kafka_bootstrap, output)]
         assert events == [f"event {index}".encode() for index in range(TRANSACTIONS)]
         states = [read.value for read in await read_topic(kafka_bootstrap, changelog)]

@@ -252,6 +252,28 @@ def error_of(exc: BaseException) -> KafkaError | None:
     return None
 
 
+class TransactionPhases:
+    """Where a committed transaction's time went, in streams.metrics.STAGE_SECONDS (stage
+    `emit`): `txn-produce` (begin, the records handed to librdkafka), `txn-offsets`
+    (`send_offsets_to_transaction`: AddOffsetsToTxn to the transaction coordinator, then
+    TxnOffsetCommit to the group coordinator), `txn-commit` (`commit_transaction`: the records
+    acknowledged, then EndTxn). The emit loop plans the next batches meanwhile: these are not
+    its waits unless its parts in flight are at their limit."""
+
+    def __init__(self) -> None:
+        self.produce = metrics.STAGE_SECONDS.labels("emit", "txn-produce")
+        self.offsets = metrics.STAGE_SECONDS.labels("emit", "txn-offsets")
+        self.commit = metrics.STAGE_SECONDS.labels("emit", "txn-commit")
+        self.committed = 0
+        """Transactions committed (for tests and benchmarks)."""
+
+    def record(self, began: float, produced: float, offered: float, committed: float) -> None:
+        self.produce.inc(produced - began)
+        self.offsets.inc(offered - produced)
+        self.commit.inc(committed - offered)
+        self.committed += 1
+
+
 class MemberTransactions:
     """The emit member's transactional producer: `prepare`, `commit(partition, records,
     offsets)`, `stop`."""
@@ -284,6 +306,7 @@ class MemberTransactions:
         self._moved = False
         self.moved_count = 0
         """Transactions given up because the group moved on (for tests and the log)."""
+        self.phases = TransactionPhases()
         self._uncertain = False
         """The last attempt was given up inside `commit_transaction` (stuck, or a fatal
         error): the broker may have committed it, which the next producer's initialisation
@@ -476,6 +499,7 @@ class MemberTransactions:
             self._uncertain = False
         producer = txn.producer
         committing = False
+        began = time.monotonic()
         try:
             producer.begin_transaction()
             for request in requests:
@@ -500,6 +524,7 @@ class MemberTransactions:
                 for tp, offset in request.offsets.items()
             ]
             metadata = self.group_metadata()
+            produced = time.monotonic()
             await self._in_transaction(
                 txn,
                 "send_offsets_to_transaction",
@@ -509,9 +534,11 @@ class MemberTransactions:
                 OFFSETS_TIMEOUT_S,
             )
             committing = True
+            offered = time.monotonic()
             await self._in_transaction(
                 txn, "commit_transaction", producer.commit_transaction, CALL_TIMEOUT_S
             )
+            self.phases.record(began, produced, offered, time.monotonic())
         except KafkaException as exc:
             error = error_of(exc)
             if committing and (txn.stuck or (error is not None and error.fatal())):
