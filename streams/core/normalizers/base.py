@@ -6,8 +6,9 @@ clock, and raises nothing but `MalformedDelivery`.
 Offered here:
 * reading: `load_json` (the body, or a JSON string inside it, with every check a normalizer
   needs: JSON at all, not nested too deeply, no NaN/Infinity, no over-long integers, no
-  lone UTF-16 surrogates) and `reject_lone_surrogates` (the last check, for text that did
-  not come through `load_json`, such as Pub/Sub attributes);
+  lone UTF-16 surrogates; msgspec first, orjson and the standard library for what it
+  refuses) and `reject_lone_surrogates` (the last check, for text that did not come
+  through `load_json`, such as Pub/Sub attributes);
 * ids: `derived_id`, `record_hash_id`, and `change_id`, the version / time+etag / record
   hash fallback chain of providers that send no event id;
 * times: `parse_time` (RFC 3339 / ISO 8601) and `parse_epoch_millis`, both giving UTC;
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 import orjson
 
 from streams.core.delivery import Delivery
@@ -65,13 +67,16 @@ def load_json(body: bytes | str, what: str = "body") -> Any:
     UTF-8-style bytes of one) in any string or object key at any depth, which no UTF-8
     encoder downstream (ids, the output topic) can write.
 
-    orjson reads nearly every body, several times faster than `json`, and refuses all of
-    the above by itself. Where it differs from `json`, the standard library reads the body
-    instead (`_load_json_slowly`), so that it reads as it did before orjson: a body orjson
-    refuses (UTF-16/32 and BOM-prefixed bodies are JSON to `json`; every other refusal
-    keeps its message), and one that may hold an integer outside the 64-bit range, which
-    orjson reads as a float that has lost digits (`_may_hold_long_integer`). Nesting is
-    refused beyond 1024 levels, where `json` gave up at Python's recursion limit.
+    msgspec reads nearly every body (`_decode`): it refuses all of the above by itself, and
+    reads an integer of any length (up to Python's digit limit) exactly, so its value is the
+    one the readers below give, with no scan of the body for long integers. Whatever it
+    refuses, or nests deeper than it reads, is read as before (`_load_json_fast`): by
+    orjson, several times faster than `json`; where orjson differs from `json`, by the
+    standard library (`_load_json_slowly`), so that every refusal keeps its reason and
+    message: a body orjson refuses (UTF-16/32 and BOM-prefixed bodies are JSON to `json`),
+    and one that may hold an integer outside the 64-bit range, which orjson reads as a float
+    that has lost digits (`_may_hold_long_integer`). Nesting is refused beyond 1024 levels,
+    where `json` gave up at Python's recursion limit.
     """
     if isinstance(body, str):
         try:
@@ -82,6 +87,18 @@ def load_json(body: bytes | str, what: str = "body") -> Any:
             ) from None
     else:
         raw = body
+    try:
+        return _decode(raw)
+    except (msgspec.DecodeError, ValueError, RecursionError):  # UnicodeDecodeError: ValueError
+        return _load_json_fast(body, raw, what)  # it decides, and says why
+
+
+_decode = msgspec.json.Decoder().decode
+"""msgspec's reading of any JSON value: dicts, lists, str, int (any length), float, bool, None."""
+
+
+def _load_json_fast(body: bytes | str, raw: bytes, what: str) -> Any:
+    """`load_json` by orjson, else by the standard library (see load_json)."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
