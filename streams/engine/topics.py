@@ -7,16 +7,22 @@ the Kubernetes `KafkaTopic` manifests' checks.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin._metadata import ClusterMetadata
+from confluent_kafka.admin._resource import ResourceType as RdResourceType
+from confluent_kafka.cimpl import NewTopic
 
 from streams.config import LEGACY_REPARTITION_TOPIC, Settings
-from streams.engine.offsets import committed_topics
+from streams.engine.librdkafka import librdkafka_log
+from streams.engine.offsets import OffsetsUnavailable, committed_topics
 from streams.kafka_settings import KafkaAccessError, KafkaSettings, check_access
 
 log = logging.getLogger(__name__)
@@ -81,7 +87,21 @@ MAX_RECORDS_PER_REQUEST = 2_000
 config it sets): KRaft's controller refuses a request of more than 10,000 at once, every
 topic of it with POLICY_VIOLATION "Unable to perform excessively large batch operation" (the
 2,006 topics of 1,000 instances are over 16,000). Batches well under it."""
-TOPIC_ALREADY_EXISTS = 36
+TOPIC_ALREADY_EXISTS = KafkaError.TOPIC_ALREADY_EXISTS
+METADATA_TIMEOUT_S = 10.0
+"""One metadata or config request answered within this, or Kafka counts as away (retried)."""
+CREATE_TIMEOUT_S = 40.0
+"""One CreateTopics request, its creation on the controller included."""
+UNREACHABLE = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._RESOLVE,
+        KafkaError._WAIT_COORD,
+    }
+)
+"""librdkafka's errors for a cluster it could not reach in time (not a refusal)."""
 NAMES_SHOWN = 10
 """Topic names a line names before it says how many more."""
 
@@ -115,38 +135,66 @@ def creation_batches(specs: list[TopicSpec]) -> list[list[TopicSpec]]:
     return batches
 
 
-async def _create(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> list[str]:
-    """Create `specs` in batches, one round trip each; the names this call created. Raise
-    TopicsNotCreated for what Kafka refused (aiokafka returns per-topic errors in the answer,
-    never raises them). A topic that exists by now (another worker, or one this broker
-    created but did not list yet) is fine."""
+def _admin(kafka: KafkaSettings) -> AdminClient:
+    config: dict[str, Any] = {
+        **kafka.librdkafka_config(),
+        "client.id": "storage-events-topics",
+        "logger": librdkafka_log(),  # its lines through the log, never raw on stderr
+    }
+    return AdminClient(config)
+
+
+def _create(admin: AdminClient, specs: list[TopicSpec]) -> list[str]:
+    """Create `specs` in batches, one CreateTopics request each (librdkafka sends one call's
+    topics in one request); the names this call created. Raise TopicsNotCreated for what
+    Kafka refused (each topic's future carries its own error). A topic that exists by now
+    (another worker, or one this broker created but did not list yet) is fine.
+    Blocking: a thread's."""
     created: list[str] = []
     refused: list[tuple[str, int, str]] = []
     for batch in creation_batches(specs):
-        with contextlib.suppress(TopicAlreadyExistsError):  # another worker was first
-            response = await admin.create_topics(
-                [
-                    NewTopic(
-                        spec.name,
-                        spec.partitions,
-                        spec.replication_factor,
-                        topic_configs=spec.config,
-                    )
-                    for spec in batch
-                ]
-            )
-            for error in response.topic_errors:
-                topic, code = error[0], error[1]
-                if code == 0:
-                    created.append(topic)
-                elif code != TOPIC_ALREADY_EXISTS:
-                    refused.append((topic, code, (error[2] if len(error) > 2 else "") or ""))
+        futures = admin.create_topics(
+            [
+                NewTopic(
+                    spec.name, spec.partitions, spec.replication_factor, config=dict(spec.config)
+                )
+                for spec in batch
+            ],
+            operation_timeout=CREATE_TIMEOUT_S - 10,
+            request_timeout=CREATE_TIMEOUT_S,
+        )
+        for topic, future in futures.items():
+            try:
+                try:
+                    future.result(CREATE_TIMEOUT_S + 5)
+                except concurrent.futures.TimeoutError:
+                    raise KafkaException(
+                        KafkaError(KafkaError._TIMED_OUT, f"creating {topic}: no answer")
+                    ) from None
+            except KafkaException as exc:
+                error = exc.args[0]
+                if error.code() in UNREACHABLE:
+                    raise
+                if error.code() != TOPIC_ALREADY_EXISTS:
+                    refused.append((topic, error.code(), error.str()))
+            else:
+                created.append(topic)
     if refused:
         reasons = sorted({f"{reason or 'error'} (code {code})" for _, code, reason in refused})
         raise TopicsNotCreated(
             f"Kafka refused to create {len(refused):,} topic(s) "
             f"({names_line([topic for topic, _, _ in refused])}): {'; '.join(reasons)}"
         )
+    return created
+
+
+def _ensure(kafka: KafkaSettings, specs: list[TopicSpec]) -> list[str]:
+    """One attempt of `ensure_topics` (blocking: a thread's)."""
+    admin = _admin(kafka)
+    metadata = admin.list_topics(timeout=METADATA_TIMEOUT_S)
+    missing = [spec for spec in specs if spec.name not in metadata.topics]
+    created = _create(admin, missing) if missing else []
+    _warn_of_lower_limits(admin, metadata, [spec for spec in specs if spec.name in metadata.topics])
     return created
 
 
@@ -253,40 +301,36 @@ async def ensure_topics(
         raise KafkaAccessError(problem[0])
     delay, waited = 0.5, 0.0
     while True:
-        admin = AIOKafkaAdminClient(**kafka.aiokafka_args(), client_id="storage-events-topics")
         try:
-            await admin.start()
-            existing = set(await admin.list_topics())
-            missing = [spec for spec in specs if spec.name not in existing]
-            created = await _create(admin, missing) if missing else []
-            await _warn_of_lower_limits(admin, [spec for spec in specs if spec.name in existing])
-            return created
-        except KafkaConnectionError as exc:
-            problem = await check_access(kafka)
-            if problem is not None and problem[1]:
-                raise KafkaAccessError(problem[0]) from None
-            if retry_for_s is not None and waited >= retry_for_s:
-                if problem is not None:
+            return await asyncio.to_thread(_ensure, kafka, specs)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if error.code() in UNREACHABLE:
+                problem = await check_access(kafka)
+                if problem is not None and problem[1]:
                     raise KafkaAccessError(problem[0]) from None
-                raise
-            log.warning(
-                "Kafka at %s not reachable (%s); retrying in %.1f s",
-                kafka.bootstrap_servers,
-                problem[0] if problem else exc,
-                delay,
-            )
-        except KafkaError as exc:
-            if retry_for_s is not None and waited >= retry_for_s:
-                raise
-            log.warning("creating topics failed (%r); retrying in %.1f s", exc, delay)
-        finally:
-            await admin.close()
+                if retry_for_s is not None and waited >= retry_for_s:
+                    if problem is not None:
+                        raise KafkaAccessError(problem[0]) from None
+                    raise
+                log.warning(
+                    "Kafka at %s not reachable (%s); retrying in %.1f s",
+                    kafka.bootstrap_servers,
+                    problem[0] if problem else error.str(),
+                    delay,
+                )
+            else:
+                if retry_for_s is not None and waited >= retry_for_s:
+                    raise
+                log.warning("creating topics failed (%s); retrying in %.1f s", error.str(), delay)
         await asyncio.sleep(delay)
         waited += delay
         delay = min(delay * 2, 5.0)
 
 
-async def _warn_of_lower_limits(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
+def _warn_of_lower_limits(
+    admin: AdminClient, metadata: ClusterMetadata, specs: list[TopicSpec]
+) -> None:
     """Say at start-up which existing topics (created beforehand, or by an older version)
     are weaker than the stream's settings ask, one line each, naming the fix. Nothing is
     changed: a topic's config is its owner's.
@@ -298,7 +342,7 @@ async def _warn_of_lower_limits(admin: AIOKafkaAdminClient, specs: list[TopicSpe
       configured, and be lost with them."""
     if not specs:
         return
-    await _warn_of_fewer_replicas(admin, specs)
+    _warn_of_fewer_replicas(metadata, specs)
     names = {"max.message.bytes", MIN_INSYNC_REPLICAS}
     wanted = {
         (spec.name, name): int(spec.config[name])
@@ -308,70 +352,68 @@ async def _warn_of_lower_limits(admin: AIOKafkaAdminClient, specs: list[TopicSpe
     }
     if not wanted:
         return
+    found_configs: dict[str, dict[str, str]] = {}
     try:
-        responses = await admin.describe_configs(
-            [
-                ConfigResource(ConfigResourceType.TOPIC, spec.name, configs=dict.fromkeys(names))
-                for spec in specs
-            ]
+        futures = admin.describe_configs(
+            [ConfigResource(RdResourceType.TOPIC, spec.name) for spec in specs],
+            request_timeout=METADATA_TIMEOUT_S,
         )
-    except KafkaError as exc:
+        for resource, future in futures.items():
+            entries = future.result(METADATA_TIMEOUT_S + 5)
+            found_configs[resource.name] = {
+                name: entry.value for name, entry in entries.items() if name in names
+            }
+    except (KafkaException, concurrent.futures.TimeoutError) as exc:
         log.debug("could not read the topics' configs: %r", exc)
         return
-    for response in responses:
-        for _, _, _, topic, entries in response.resources:
-            for entry in entries:
-                limit = wanted.get((topic, entry[0]))
-                if limit is None:
+    for topic, configs in found_configs.items():
+        for name, value in configs.items():
+            limit = wanted.get((topic, name))
+            if limit is None:
+                continue
+            with contextlib.suppress(TypeError, ValueError):
+                found = int(value)
+                if found >= limit:
                     continue
-                with contextlib.suppress(TypeError, ValueError):
-                    found = int(entry[1])
-                    if found >= limit:
-                        continue
-                    if entry[0] == MIN_INSYNC_REPLICAS:
-                        log.warning(
-                            "topic %s has min.insync.replicas=%d, the stream asks for %d "
-                            "(stream.min_insync_replicas): a write is acknowledged with fewer "
-                            "copies; raise it with kafka-configs --alter --add-config "
-                            "min.insync.replicas=%d",
-                            topic,
-                            found,
-                            limit,
-                            limit,
-                        )
-                    else:
-                        log.warning(
-                            "topic %s takes records of at most %d bytes (max.message.bytes), "
-                            "the stream writes up to %d: larger ones are dead-lettered; raise "
-                            "it with kafka-configs --alter --add-config max.message.bytes=%d",
-                            topic,
-                            found,
-                            limit,
-                            limit,
-                        )
+                if name == MIN_INSYNC_REPLICAS:
+                    log.warning(
+                        "topic %s has min.insync.replicas=%d, the stream asks for %d "
+                        "(stream.min_insync_replicas): a write is acknowledged with fewer "
+                        "copies; raise it with kafka-configs --alter --add-config "
+                        "min.insync.replicas=%d",
+                        topic,
+                        found,
+                        limit,
+                        limit,
+                    )
+                else:
+                    log.warning(
+                        "topic %s takes records of at most %d bytes (max.message.bytes), "
+                        "the stream writes up to %d: larger ones are dead-lettered; raise "
+                        "it with kafka-configs --alter --add-config max.message.bytes=%d",
+                        topic,
+                        found,
+                        limit,
+                        limit,
+                    )
 
 
-async def _warn_of_fewer_replicas(admin: AIOKafkaAdminClient, specs: list[TopicSpec]) -> None:
-    """One line per existing topic with fewer replicas than its spec (its least partition)."""
-    wanted = {spec.name: spec.replication_factor for spec in specs}
-    try:
-        described = await admin.describe_topics(list(wanted))
-    except KafkaError as exc:
-        log.debug("could not describe the topics: %r", exc)
-        return
-    for topic in described:
-        name, partitions = topic.get("topic"), topic.get("partitions") or []
-        if name not in wanted or not partitions:
+def _warn_of_fewer_replicas(metadata: ClusterMetadata, specs: list[TopicSpec]) -> None:
+    """One line per existing topic with fewer replicas than its spec (its least partition),
+    from the metadata `ensure_topics` read anyway."""
+    for spec in specs:
+        topic = metadata.topics.get(spec.name)
+        if topic is None or topic.error is not None or not topic.partitions:
             continue
-        found = min(len(partition.get("replicas") or []) for partition in partitions)
-        if found < wanted[name]:
+        found = min(len(partition.replicas) for partition in topic.partitions.values())
+        if found < spec.replication_factor:
             log.warning(
                 "topic %s has %d replica(s), the stream asks for %d (stream.replication_factor): "
                 "it is lost with fewer brokers than configured; add replicas with "
                 "kafka-reassign-partitions",
-                name,
+                spec.name,
                 found,
-                wanted[name],
+                spec.replication_factor,
             )
 
 
@@ -387,9 +429,11 @@ async def resolve_repartition_topic(settings: Settings) -> Settings:
     delay = 0.5
     while True:
         try:
-            read = await committed_topics(settings.kafka, f"{stream.app_id}-emit")
+            read = await committed_topics(
+                settings.kafka, f"{stream.app_id}-emit", [LEGACY_REPARTITION_TOPIC]
+            )
             break
-        except KafkaError as exc:  # Kafka away at start: wait for it, as ensure_topics does
+        except OffsetsUnavailable as exc:  # Kafka away at start: wait for it, as ensure_topics does
             log.warning(
                 "reading the emit group's committed offsets failed (%s); retrying in %.1f s",
                 exc,
