@@ -8,11 +8,15 @@ pure, `read_live` is the one metadata and config read behind it.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 from streams.engine.topics import TopicSpec
 from streams.kafka_settings import KafkaSettings
+
+REQUEST_TIMEOUT_S = 10.0
+"""One metadata or config request answered within this."""
 
 
 @dataclass(frozen=True)
@@ -51,44 +55,54 @@ def differences(spec: TopicSpec, live: LiveTopic | None) -> list[str]:
     return found
 
 
-async def read_live(kafka: KafkaSettings, specs: list[TopicSpec]) -> dict[str, LiveTopic]:
-    """The planned topics that exist, as Kafka has them (one metadata request for every
-    topic, which never creates one, and one config request)."""
-    from aiokafka.admin import AIOKafkaAdminClient
-    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+def _read_live(kafka: KafkaSettings, specs: list[TopicSpec]) -> dict[str, LiveTopic]:
+    """`read_live`'s requests (blocking: a thread's)."""
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.admin._config import ConfigResource
+    from confluent_kafka.admin._resource import ResourceType
 
-    admin = AIOKafkaAdminClient(
-        **kafka.aiokafka_args(), client_id="storage-events-topics", request_timeout_ms=10_000
-    )
-    await admin.start()
-    try:
-        planned = {spec.name: spec for spec in specs}
-        described = {
-            topic["topic"]: topic["partitions"]
-            for topic in await admin.describe_topics(None)
-            if not topic["error_code"] and topic["topic"] in planned
-        }
-        configs: dict[str, dict[str, str]] = {name: {} for name in described}
-        resources = [
-            ConfigResource(
-                ConfigResourceType.TOPIC, name, configs=dict.fromkeys(planned[name].config)
+    from streams.engine.librdkafka import librdkafka_log
+
+    config: dict[str, Any] = {
+        **kafka.librdkafka_config(),
+        "client.id": "storage-events-topics",
+        "logger": librdkafka_log(),  # its lines through the log, never raw on stderr
+    }
+    admin = AdminClient(config)
+    planned = {spec.name: spec for spec in specs}
+    metadata = admin.list_topics(timeout=REQUEST_TIMEOUT_S)
+    described = {
+        name: topic
+        for name, topic in metadata.topics.items()
+        if topic.error is None and name in planned
+    }
+    configs: dict[str, dict[str, str]] = {name: {} for name in described}
+    resources = [
+        ConfigResource(ResourceType.TOPIC, name) for name in described if planned[name].config
+    ]
+    if resources:
+        futures = admin.describe_configs(resources, request_timeout=REQUEST_TIMEOUT_S)
+        for resource, future in futures.items():
+            wanted = planned[resource.name].config
+            configs[resource.name].update(
+                {
+                    name: entry.value
+                    for name, entry in future.result(REQUEST_TIMEOUT_S + 5).items()
+                    if name in wanted and entry.value is not None
+                }
             )
-            for name in described
-            if planned[name].config
-        ]
-        if resources:
-            for response in await admin.describe_configs(resources):
-                for _, _, _, name, entries in response.resources:
-                    configs.setdefault(name, {}).update(
-                        {entry[0]: entry[1] for entry in entries if entry[1] is not None}
-                    )
-    finally:
-        await admin.close()
     return {
         name: LiveTopic(
-            len(partitions),
-            min((len(partition.get("replicas") or []) for partition in partitions), default=0),
+            len(topic.partitions),
+            min((len(partition.replicas) for partition in topic.partitions.values()), default=0),
             configs.get(name, {}),
         )
-        for name, partitions in described.items()
+        for name, topic in described.items()
     }
+
+
+async def read_live(kafka: KafkaSettings, specs: list[TopicSpec]) -> dict[str, LiveTopic]:
+    """The planned topics that exist, as Kafka has them (one metadata request for every
+    topic, which never creates one, and one config request), in a thread: confluent-kafka's
+    calls block."""
+    return await asyncio.to_thread(_read_live, kafka, specs)

@@ -48,13 +48,13 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from aiokafka import TopicPartition
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as RdTopicPartition
 
 from streams.engine.batches import Batch, StageMeter
 from streams.engine.librdkafka import librdkafka_log, settle
 from streams.engine.membership import remove_predecessor
+from streams.engine.records import TopicPartition
 from streams.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -651,7 +651,7 @@ class RdBatchLoop:
         for message in messages:
             place = (message.topic(), message.partition())
             if place not in places:
-                tp = TopicPartition(*place)
+                tp = TopicPartition(place[0] or "", place[1] or 0)  # a fetched record has both
                 places[place] = (
                     (batch.setdefault(tp, []), self._next.get(tp, 0)) if tp in self.owned else None
                 )
