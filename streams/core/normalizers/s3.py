@@ -62,6 +62,7 @@ helpers (`present`, `strip_quotes`, `optional_int`, `parse_time`, `load_json`) a
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import Any, Literal
@@ -160,7 +161,7 @@ def _events(body: Any, depth: int, text: bytes | str) -> list[FileEvent]:
         raise MalformedDelivery("S3 notification is not a JSON object")
     if not body.keys().isdisjoint(SNS_MARKERS):
         # Before Records: an envelope's payload is its signed Message, never a field beside it.
-        refuse_repeated_names(text, "SNS")
+        refuse_repeated_names(text, body, "SNS")
         message = sns_payload(body, SNS_NOTIFICATION_FIELDS, "SNS", "SNS Message")
         return _events(_nested(message, "SNS Message", depth), depth + 1, message)
     if "Records" not in body:
@@ -200,18 +201,60 @@ def _unique_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
-def refuse_repeated_names(text: bytes | str, what: str) -> None:
-    """MalformedDelivery when an object of the envelope `text` names a field twice, the
-    bridge's rule (connectors.webhook_auth.s3): the signature covers one reading of the
-    message, and a parser that keeps the other (`Message` given twice: the first signed, the
-    last read here) must never decide what it says. Only envelopes are read twice (a parse
-    of mostly one string, `Message`); every field SNS sends is a string or an object."""
+def refuse_repeated_names(text: bytes | str, parsed: Any, what: str) -> None:
+    """MalformedDelivery when an object of the envelope `text` (`parsed` is load_json's
+    reading of it) names a field twice, the bridge's rule (connectors.webhook_auth.s3): the
+    signature covers one reading of the message, and a parser that keeps the other
+    (`Message` given twice: the first signed, the last read here) must never decide what it
+    says.
+
+    Without a second parse: every name of every object in the text is a JSON string followed
+    by `:`, so the text names as many fields as the reading holds (the members of all its
+    objects) exactly when no object names one twice (`_names_in_text`, one regular-expression
+    pass over the text, `_members`). Only a text where the two differ, or that is not UTF-8
+    (UTF-16/32, a BOM: load_json reads those too), is read again by `json` with every
+    object's pairs, which decides as before."""
+    utf8 = isinstance(text, str) or not (text.startswith(_BOM) or b"\x00" in text)
+    if utf8 and _names_in_text(text) == _members(parsed):
+        return
     try:
         json.loads(text, object_pairs_hook=_unique_names)
     except _RepeatedName:
         raise MalformedDelivery(f"{what} message names a field twice") from None
     except (ValueError, RecursionError):
         return  # load_json read it: its own reading stands, and refused what it refuses
+
+
+_BOM = b"\xef\xbb\xbf"
+# A JSON string token (escapes included), then `:` if it is an object's member name. Outside
+# strings JSON has no `"`, so matching string after string from the start finds each token.
+_TOKEN = r'"[^"\\]*(?:\\.[^"\\]*)*"\s*(:?)'
+_STRING_TOKENS = re.compile(_TOKEN, re.DOTALL)
+_BYTES_TOKENS = re.compile(_TOKEN.encode(), re.DOTALL)
+
+
+def _names_in_text(text: bytes | str) -> int:
+    """How many object member names the JSON `text` spells (repeats counted)."""
+    if isinstance(text, str):
+        return _STRING_TOKENS.findall(text).count(":")
+    return _BYTES_TOKENS.findall(text).count(b":")
+
+
+def _members(value: Any) -> int:
+    """How many members the objects of a parsed JSON value hold, at any depth."""
+    count = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            count += len(item)
+            stack.extend(inner for inner in item.values() if type(inner) in _CONTAINERS)
+        elif type(item) is list:
+            stack.extend(inner for inner in item if type(inner) in _CONTAINERS)
+    return count
+
+
+_CONTAINERS = (dict, list)
 
 
 def sns_payload(
