@@ -6,10 +6,10 @@ Normalizes `benchmarks.pipeline.workload` into keyed records (untimed), spreads 
 partitions by key, settles the cyclic collector as the worker does once its stages run
 (streams.stages.pipeline.settle_collector), then times (process CPU) what the emit stage does
 per batch besides its Kafka calls: `plan_batch` against a real `StateStore` (rocksdict, a
-temporary directory), the changelog records of its writes, the writes applied, and the
-per-instance metrics of the batch's outcomes and latencies, updated as the stage updates them
-(streams.stages.emit). Prints µs per event per round and the changelog records the plan
-produced.
+temporary directory; key records kept decoded across batches where the stage keeps them), the
+changelog records of its writes, the writes applied, and the per-instance metrics of the
+batch's outcomes and latencies, updated as the stage updates them (streams.stages.emit).
+Prints µs per event per round and the changelog records the plan produced.
 
 Compare two versions side by side by running this file against a tree of each, alternating:
 from a directory holding only this `benchmarks/` package, `PYTHONPATH=<tree> python -m
@@ -31,7 +31,7 @@ from typing import Any
 from benchmarks.pipeline import worker_config, workload
 from streams import core, metrics
 from streams.config import Settings, load_settings
-from streams.core import emitting
+from streams.core import emitting, keystate
 from streams.core.emitting import EmitPlan, KeyedInput, plan_batch
 from streams.core.normalizers import normalize
 from streams.core.records import RawRecord, delivery_from_raw, keyed_record
@@ -93,12 +93,14 @@ def one_round(
     for item in inputs:
         by_partition.setdefault(item.partition, []).append(item)
     stage_metrics = StageMetrics(settings)
+    # Key records kept decoded across batches, as the stage of the tree under test keeps them.
+    kept: dict[str, Any] = {"decoded": keystate.Decoded()} if hasattr(keystate, "Decoded") else {}
     outputs = changelog = 0
     now = time.time()
     started = time.process_time()
     for items in by_partition.values():
         for start in range(0, len(items), batch):
-            plan = plan_batch(items[start : start + batch], settings, store, now)
+            plan = plan_batch(items[start : start + batch], settings, store, now, **kept)
             changelog += len(store.changelog_records(plan.writes))
             outputs += len(plan.outputs)
             store.apply(plan.writes, [])

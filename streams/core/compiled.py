@@ -111,12 +111,18 @@ def group_library() -> Path | None:
 
 def build_sources(modules: Sequence[str] = MODULES) -> list[Path]:
     """The files a build of `modules` depends on: their sources and the sources of every
-    project module they import (whose types and values the compiled code is built against)."""
+    project module they import, directly or through one another (whose types and values the
+    compiled code is built against: streams.core.event's model is fileevents')."""
     import ast  # only here: the build's question, not every import's
 
-    found = {source_path(module) for module in modules}
-    for module in modules:
-        tree = ast.parse(source_path(module).read_bytes())
+    found: set[Path] = set()
+    pending = [source_path(module) for module in modules]
+    while pending:
+        source = pending.pop()
+        if source in found:
+            continue
+        found.add(source)
+        tree = ast.parse(source.read_bytes())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -125,11 +131,25 @@ def build_sources(modules: Sequence[str] = MODULES) -> list[Path]:
             else:
                 continue
             for name in names:
-                if name.split(".")[0] == "streams":
-                    path = source_path(name)
-                    if path.is_file():
-                        found.add(path)
+                path = project_source(name)
+                if path is not None and path not in found:
+                    pending.append(path)
     return sorted(found)
+
+
+def project_source(module: str) -> Path | None:
+    """The source file of a project module a compiled one imports: of `streams`, or of the
+    fileevents distribution (`fileevents/src/`: the event contract streams.core.event takes
+    from it); None for any other module, or a name that is no module (an imported class)."""
+    top = module.split(".")[0]
+    if top == "streams":
+        path = source_path(module)
+    elif top == "fileevents":
+        path = ROOT.joinpath("fileevents", "src", *module.split("."))
+        path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    else:
+        return None
+    return path if path.is_file() else None
 
 
 def digest(path: Path) -> str:

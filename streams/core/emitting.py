@@ -66,6 +66,7 @@ from typing import Any, Protocol
 from streams.core.event import FileEvent
 from streams.core.keystate import (
     FORGETTABLE_MARKER,
+    Decoded,
     KeyState,
     decode,
     encode,
@@ -202,9 +203,11 @@ class Scoping(Protocol):
 
 
 ReadsFactory = Callable[
-    [StateReader, dict[tuple[str, int], dict[bytes, bytes]], float, float], StateReads
+    [StateReader, dict[tuple[str, int], dict[bytes, bytes]], float, float, Decoded | None],
+    StateReads,
 ]
-"""Builds one batch's reader: (state, the plan's writes, now, the longest TTL)."""
+"""Builds one batch's reader: (state, the plan's writes, now, the longest TTL, the decoded
+records kept across batches)."""
 
 
 @dataclass(slots=True)  # not frozen: built per record (streams.core.records)
@@ -359,17 +362,19 @@ def plan_batch(
     state: StateReader,
     now: float,
     reads: ReadsFactory = UpgradeReads,
+    decoded: Decoded | None = None,
 ) -> EmitPlan:
     """Decide every event of a batch: dedupe, then order, then emit. `now` (epoch seconds)
     ages dedupe entries, bounds the event times recorded in marks and closes the upgrade
     windows; `reads` builds the batch's reader (streams.migrations' by default, which also
-    reads what earlier releases wrote; `StateReads` for the current layout alone).
+    reads what earlier releases wrote; `StateReads` for the current layout alone); `decoded`
+    keeps key records decoded across batches (the stage's own; None parses every read).
 
     One state read per event on the common path (its key's record, `streams.core.keystate`),
     and one record written per key the batch touched, however many of its events it held."""
     rules = policy_of(policy)
     plan = EmitPlan()
-    reader = reads(state, plan.writes, now, rules.longest_ttl)
+    reader = reads(state, plan.writes, now, rules.longest_ttl, decoded)
     instances = rules.instances
     latest = now + rules.max_clock_skew_s
     records: dict[tuple[int, bytes], KeyState] = {}
@@ -431,7 +436,7 @@ def plan_batch(
         if received_at:
             plan.received_at.append((instance.name, received_at))
     for partition, key in changed:
-        plan.write(KEYS, partition, key, encode(records[(partition, key)]))
+        plan.write(KEYS, partition, key, reader.encode(records[(partition, key)]))
     return plan
 
 

@@ -45,6 +45,9 @@ come within minutes of the change; eight changes of one key inside that is a hot
 FORGETTABLE_MARKER = b'"x":'
 """In every stored record that can end (`x`): records without it are skipped unparsed by the
 sweep and the restore."""
+DECODED_RECORDS = 16_384
+"""Records whose decoded state the emit stage keeps across batches (`Decoded`): about 1 KiB
+each with their stored bytes, so 16 MiB at most."""
 
 
 @dataclass(slots=True)
@@ -93,6 +96,11 @@ class KeyState:
             for entry in self.ids
             if not (entry[0] == event_id and (len(entry) > 2) == reconcile)
         ]
+
+    def copy(self) -> KeyState:
+        """A state the caller may change without changing this one: the plan only ever
+        replaces a state's fields (and `ids` by a new list), never changes one in place."""
+        return KeyState(self.mark, self.ids, self.etag, self.spill_until)
 
     def forget_at(self) -> float | None:
         """When the whole record may go; None while it holds a live key's mark (kept)."""
@@ -188,3 +196,39 @@ def record_forget_at(stored: bytes) -> float | None:
         return None
     ends = data.get("x") if isinstance(data, dict) else None
     return float(ends) if isinstance(ends, int | float) else None
+
+
+class Decoded:
+    """`decode` and `encode` of key records, remembering the decoded state of the last
+    `size` records read or written, so that a key handled again in a later batch is not
+    parsed again (its record is read from the state as the bytes last written for it).
+
+    A memo of a pure function: a stored record always decodes to the state kept for its
+    bytes (`decode(encode(state)) == state` for every state the plan builds), and each caller
+    gets its own copy. Bounded: the oldest entry goes first once `size` are kept."""
+
+    def __init__(self, size: int = DECODED_RECORDS) -> None:
+        self.size = size
+        self.states: dict[bytes, KeyState] = {}
+
+    def decode(self, stored: bytes | None) -> KeyState:
+        if stored is None:
+            return KeyState()
+        found = self.states.get(stored)
+        if found is None:
+            found = decode(stored)
+            self.keep(stored, found)
+        return found.copy()
+
+    def encode(self, state: KeyState) -> bytes:
+        stored = encode(state)
+        self.keep(stored, state.copy())
+        return stored
+
+    def keep(self, stored: bytes, state: KeyState) -> None:
+        states = self.states
+        if stored in states:
+            return
+        if len(states) >= self.size:
+            del states[next(iter(states))]  # the oldest
+        states[stored] = state

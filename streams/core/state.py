@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from streams.core.keystate import KeyState, decode
+from streams.core.keystate import Decoded, KeyState, decode, encode
 from streams.core.ordering import Mark
 
 KEYS = "keys"
@@ -109,8 +109,11 @@ class StateReads:
         writes: dict[tuple[str, int], dict[bytes, bytes]],
         now: float,
         longest_ttl: float,
+        decoded: Decoded | None = None,
     ) -> None:
         self.state = state
+        self.decoded = decoded
+        """Decoded records kept across batches (the stage's), or None: parsed every time."""
         self.writes = writes
         """(table, partition) -> key -> value: the plan's writes, read before `state`."""
         self.now = now
@@ -125,7 +128,12 @@ class StateReads:
 
     def record(self, partition: int, key: bytes) -> KeyState:
         """The key's record, decoded (an empty one when there is none)."""
-        return decode(self.lookup(KEYS, partition, key))
+        stored = self.lookup(KEYS, partition, key)
+        return decode(stored) if self.decoded is None else self.decoded.decode(stored)
+
+    def encode(self, state: KeyState) -> bytes:
+        """A key's record to write (kept decoded for its next read, with `decoded`)."""
+        return encode(state) if self.decoded is None else self.decoded.encode(state)
 
     def spilled_expiry(
         self, partition: int, instance: str, event: Keyed, ids_scope: str, spilled: bool

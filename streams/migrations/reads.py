@@ -19,7 +19,7 @@ The pre-scope readers let no provider's delivery reach another's state:
 
 from __future__ import annotations
 
-from streams.core.keystate import decode
+from streams.core.keystate import Decoded, decode
 from streams.core.normalizers import SOURCES
 from streams.core.ordering import TOKEN_KINDS, Mark
 from streams.core.records import partition_key
@@ -85,8 +85,9 @@ class UpgradeReads(StateReads):
         writes: dict[tuple[str, int], dict[bytes, bytes]],
         now: float,
         longest_ttl: float,
+        decoded: Decoded | None = None,
     ) -> None:
-        super().__init__(state, writes, now, longest_ttl)
+        super().__init__(state, writes, now, longest_ttl, decoded)
         self.windows: dict[tuple[bytes, int], float] = {}
         """(marker, partition) -> until when: each read once per batch."""
 

@@ -42,7 +42,7 @@ from streams.core.emitting import (
     seen_revision,
     unrecord,
 )
-from streams.core.keystate import record_forget_at
+from streams.core.keystate import Decoded, record_forget_at
 from streams.core.records import OutRecord, RawRecord, dead_letter_record, headers_dict, parse_keyed
 from streams.core.state import KEYS, MARKS, SEEN, Revision, decode_expiry
 from streams.engine import failpoints
@@ -152,6 +152,8 @@ class EmitStage:
         self._emitting: dict[int, list[_Part]] = {}
         """Per partition, the parts planned but not yet in the local state, oldest first."""
         self._children = MetricChildren(self.policy.instances.keys())
+        self.decoded = Decoded()
+        """Key records decoded by earlier batches, by their stored bytes (a bounded memo)."""
 
     # -- batches -------------------------------------------------------------------------
 
@@ -190,7 +192,8 @@ class EmitStage:
                 await in_flight[0].done
             pending = [part.plan for part in in_flight]
             readable = [item for item in inputs if item.offset not in unread] if unread else inputs
-            plan = plan_batch(readable, self.policy, PendingState(self.store, pending), now)
+            state = PendingState(self.store, pending)
+            plan = plan_batch(readable, self.policy, state, now, decoded=self.decoded)
             if letters:
                 plan.outputs.extend(letters)
                 plan.outcomes[("?", "dead_letter")] += len(letters)
