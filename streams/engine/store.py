@@ -56,6 +56,8 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaExcepti
 from confluent_kafka import TopicPartition as RdTopicPartition
 
 from streams.core.records import OutRecord
+from streams.core.state import OFFSET_KEY as OFFSET_KEY  # re-exported: tests, benchmarks
+from streams.core.state import Revision as Revision
 from streams.engine.binding import Binding, fetch_binding, mismatch, read_binding, write_binding
 from streams.engine.librdkafka import librdkafka_log
 from streams.engine.outcomes import Acknowledged
@@ -63,8 +65,6 @@ from streams.kafka_settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
-OFFSET_KEY = b"\x00changelog-offset"
-"""Holds the last changelog offset a database contains; no state key starts with NUL."""
 RESTORE_BATCH = 10_000
 """Records one `consume` of the restore hands over at most (one write batch per partition)."""
 RESTORE_POLL_S = 0.05
@@ -98,13 +98,6 @@ def private(path: Path) -> None:
     info = path.stat()
     if info.st_uid == os.geteuid() and info.st_mode & 0o077:
         path.chmod(STATE_DIR_MODE)
-
-
-@dataclass(frozen=True, slots=True)
-class Revision:
-    """What a sweep does to one entry: write `value`, or delete the entry (None)."""
-
-    value: bytes | None
 
 
 Reviser = Callable[[bytes, bytes], Revision | None]

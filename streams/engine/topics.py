@@ -21,6 +21,8 @@ from confluent_kafka.admin._resource import ResourceType as RdResourceType
 from confluent_kafka.cimpl import NewTopic
 
 from streams.config import LEGACY_REPARTITION_TOPIC, Settings
+from streams.core.records import EVENT_MAX_MESSAGE_BYTES as EVENT_MAX_MESSAGE_BYTES
+from streams.core.records import RAW_MAX_MESSAGE_BYTES as RAW_MAX_MESSAGE_BYTES
 from streams.engine.librdkafka import librdkafka_log
 from streams.engine.offsets import OffsetsUnavailable, committed_topics
 from streams.kafka_settings import KafkaAccessError, KafkaSettings, check_access
@@ -38,13 +40,9 @@ MARKS_TABLE = "marks"
 # topic; every topic the stream creates sets its own explicitly (the broker default of 1 MiB
 # is nobody's decision), and what the worker writes is held below them: stage one
 # dead-letters an event whose records would not fit (streams.core.routing), and a record Kafka
-# refuses anyway is replaced by a dead letter (streams.engine.librdkafka.producer).
-RAW_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-"""A raw record as a bridge writes it, headers included (the webhook's body limit is 1 MiB
-by default; the bridges bound the whole record to this)."""
-EVENT_MAX_MESSAGE_BYTES = 1024 * 1024
-"""The records of one event: keyed (repartition topic), output, stale, and the changelog
-records derived from it (its key's record, bounded: streams.core.keystate)."""
+# refuses anyway is replaced by a dead letter (streams.engine.librdkafka.producer). A raw record
+# and the records of one event (RAW_/EVENT_MAX_MESSAGE_BYTES) are bounded in the core
+# (streams.core.records), which routing decides by; the topics take them from there.
 DEAD_LETTER_HEADROOM_BYTES = 64 * 1024
 """What a dead letter adds to the record it carries: `error` (at most 4 KiB), `error.stage`,
 `error.topic` and their framing, with room to spare."""
