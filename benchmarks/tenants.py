@@ -26,6 +26,19 @@ worker starts: `create-topics`, the worker's start-up (its ready line's "started
 from its first delivery read to every event emitted (its `/metrics`, aggregated by
 `STREAMS_INSTANCE_METRICS_LIMIT=0` so that the page polled is the same size), and the worker's
 CPU (both processes) per delivery over that time.
+
+    python -m benchmarks.tenants --producer-floor [--floor-seconds 8]
+
+adds the floor under the emit stage at scale, on a private broker of its own: one
+transactional librdkafka producer (the engine's PRODUCER_CONFIG) writing batches of 2,000
+records (600 bytes, distinct keys) spread over the output topics of 1 instance (4 partitions),
+of 1,000 instances with 4 partitions each, and with 1 each; a transaction per batch,
+alternating layouts for two rounds. Per layout: records/s, transactions/s, ProduceRequests
+per record and broker-thread wake-ups per record (librdkafka's statistics), and the producer
+process's CPU per record. librdkafka puts ONE partition in each ProduceRequest (librdkafka
+issue #1700) and serves every partition it knows on each wake-up of a broker thread, so a
+batch spread over thousands of partitions costs a round trip and a scan of them all per
+record; this section measures what that leaves to the emit stage.
 """
 
 from __future__ import annotations
@@ -57,7 +70,8 @@ from benchmarks.pipeline import Raw, fill, tree_cpu_seconds
 from streams import core
 from streams.config import Settings, load_settings
 from streams.core.records import RawRecord
-from streams.core.routing import instance_index, route
+from streams.core.routing import route
+from streams.stages.normalize import route_policy
 from streams.stages.pipeline import settle_collector
 
 BUCKET = "uploads"
@@ -112,17 +126,17 @@ def measure(
     load_cpu = best_of_three(lambda: load_settings(config, environ={}), time.process_time)
     settings = loaded[-1]
     started = time.perf_counter()
-    instance_index(settings)
+    policy = route_policy(settings)  # the instance index is built with it, once per Settings
     build = time.perf_counter() - started
     raws = [
         s3_delivery(f"tenant-{number % instances}/photos/{number}.jpg", number)
         for number in range(deliveries)
     ]
-    routed = [route(raw, None, settings) for raw in raws]
+    routed = [route(raw, None, policy) for raw in raws]
     kept = sum(len(one.records) for one in routed)
     assert kept == deliveries, f"{kept} records for {deliveries} deliveries"
     assert all(not one.filtered and one.dead_letter_reason is None for one in routed)
-    spent = best_of_three(lambda: [route(raw, None, settings) for raw in raws], time.process_time)
+    spent = best_of_three(lambda: [route(raw, None, policy) for raw in raws], time.process_time)
     return load, load_cpu, build, spent / deliveries, kept
 
 
@@ -264,6 +278,113 @@ def worker_section(deliveries: int, sizes: list[int]) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+FLOOR_BATCH = 2_000
+FLOOR_LAYOUTS = ((1, 4), (1_000, 4), (1_000, 1))
+"""(topics, partitions each): the output of 1 instance, of 1,000 at the default 4, and at 1."""
+
+
+def floor_round(bootstrap: str, topics: list[str], seconds: float) -> dict[str, float]:
+    """One transactional producer writing FLOOR_BATCH records per transaction, spread evenly
+    over `topics` (keyed, so over their partitions too), for about `seconds`."""
+    from confluent_kafka import Producer
+
+    from streams.engine.librdkafka.producer import PRODUCER_CONFIG
+
+    stats: dict[str, float] = {}
+
+    def on_stats(text: str) -> None:
+        brokers = json.loads(text)["brokers"].values()
+        stats["wakeups"] = sum(broker.get("wakeups", 0) for broker in brokers)
+        stats["requests"] = sum(broker.get("req", {}).get("Produce", 0) for broker in brokers)
+
+    producer = Producer(
+        {
+            **PRODUCER_CONFIG,
+            "bootstrap.servers": bootstrap,
+            "transactional.id": f"floor-{uuid.uuid4().hex}",
+            "statistics.interval.ms": 100,
+            "stats_cb": on_stats,
+        }
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()  # every topic known (its metadata) before the clock starts
+    for topic in topics:
+        producer.produce(topic, b"warm", b"warm")
+    producer.commit_transaction(120)
+    wait_until(lambda: producer.poll(0.1) >= 0 and "wakeups" in stats, 10, "statistics", 0.1)
+    before = dict(stats)
+    value = b"x" * 600
+    written = transactions = 0
+    started, cpu = time.monotonic(), time.process_time()
+    while time.monotonic() - started < seconds:
+        producer.begin_transaction()
+        for number in range(written, written + FLOOR_BATCH):
+            producer.produce(topics[number % len(topics)], value, f"key-{number}".encode())
+        producer.commit_transaction(300)
+        written += FLOOR_BATCH
+        transactions += 1
+    wall, cpu = time.monotonic() - started, time.process_time() - cpu
+    seen = stats["requests"]
+    wait_until(lambda: producer.poll(0.1) >= 0 and stats["requests"] != seen, 10, "stats", 0.1)
+    return {
+        "records/s": written / wall,
+        "transactions/s": transactions / wall,
+        "requests/record": (stats["requests"] - before["requests"]) / written,
+        "wakeups/record": (stats["wakeups"] - before["wakeups"]) / written,
+        "cpu µs/record": cpu / written * 1e6,
+    }
+
+
+def producer_floor_section(seconds: float) -> None:
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    workdir = Path(tempfile.mkdtemp(prefix="tenants-floor-"))
+    broker = PrivateBroker(workdir / "kafka", heap="1g")
+    print(f"# starting a private broker in {workdir / 'kafka'} ...", flush=True)
+    broker.start(fresh=True)
+    try:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        layouts: dict[tuple[int, int], list[str]] = {}
+        for count, partitions in FLOOR_LAYOUTS:
+            names = [f"floor-{count}x{partitions}.out.{number}" for number in range(count)]
+            for start in range(0, count, 500):  # well under KRaft's records per request
+                batch = [NewTopic(name, partitions, 1) for name in names[start : start + 500]]
+                for future in admin.create_topics(batch, operation_timeout=60).values():
+                    future.result()
+            layouts[(count, partitions)] = names
+        print(
+            f"\nthe emit stage's floor: one transactional librdkafka producer, "
+            f"{FLOOR_BATCH:,} records per transaction spread over the output topics, "
+            f"{seconds:.0f} s per round, alternating"
+        )
+        print(
+            "| round | output topics x partitions | records/s | transactions/s "
+            "| ProduceRequests per record | wake-ups per record | CPU µs per record |"
+        )
+        print("|---:|---|---:|---:|---:|---:|---:|")
+        rates: dict[tuple[int, int], float] = {}
+        for round_number in (1, 2):
+            for layout, names in layouts.items():
+                got = floor_round(broker.bootstrap, names, seconds)
+                rates[layout] = got["records/s"]
+                print(
+                    f"| {round_number} | {layout[0]:,} x {layout[1]} | {got['records/s']:,.0f} "
+                    f"| {got['transactions/s']:.1f} | {got['requests/record']:.3f} "
+                    f"| {got['wakeups/record']:.2f} | {got['cpu µs/record']:,.1f} |",
+                    flush=True,
+                )
+        one = rates[FLOOR_LAYOUTS[0]]
+        for layout in FLOOR_LAYOUTS[1:]:
+            print(
+                f"records/s over {layout[0]:,} x {layout[1]} partitions / over 1 x 4: "
+                f"{rates[layout] / one:.3f}x (round 2)"
+            )
+    finally:
+        broker.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--deliveries", type=int, default=2000)
@@ -271,6 +392,10 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help="also the whole worker's events/s")
     parser.add_argument("--worker-deliveries", type=int, default=20_000)
     parser.add_argument("--worker-sizes", default="1,1000")
+    parser.add_argument(
+        "--producer-floor", action="store_true", help="also the emit stage's producer floor"
+    )
+    parser.add_argument("--floor-seconds", type=float, default=8.0)
     args = parser.parse_args()
     finish_on_sigterm()
     # A topic just created has no leader for a moment: aiokafka's producer retries, saying so.
@@ -307,6 +432,8 @@ def main() -> None:
     if args.worker:
         sizes = [int(size) for size in args.worker_sizes.split(",")]
         worker_section(args.worker_deliveries, sizes)
+    if args.producer_floor:
+        producer_floor_section(args.floor_seconds)
 
 
 if __name__ == "__main__":
