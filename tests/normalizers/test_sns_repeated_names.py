@@ -36,7 +36,7 @@ def _refused(text: bytes | str) -> bool:
     return False
 
 
-def _object(pairs: list[tuple[str, Any]], escape: bool) -> str:
+def _object(pairs: list[tuple[str, Any]], escape: bool, colon: str = ": ") -> str:
     """A JSON object of `pairs` as written, repeats kept; names \\u-escaped when `escape`."""
 
     def name(text: str) -> str:
@@ -44,7 +44,7 @@ def _object(pairs: list[tuple[str, Any]], escape: bool) -> str:
             return '"' + "".join(f"\\u{ord(c):04x}" if c.isalpha() else c for c in text) + '"'
         return json.dumps(text)
 
-    return "{" + ", ".join(f"{name(k)}: {v}" for k, v in pairs) + "}"
+    return "{" + ", ".join(f"{name(k)}{colon}{v}" for k, v in pairs) + "}"
 
 
 NAMES = st.sampled_from(["Type", "Message", "MessageId", "a", "b", 'q"uote', "back\\slash", ""])
@@ -70,7 +70,7 @@ def envelopes(draw: st.DrawFn) -> str:
         pairs.append(("MessageAttributes", _object(inner, draw(st.booleans()))))
     if draw(st.booleans()):
         pairs.append(("list", "[" + ", ".join([_object(inner, False), "2"]) + "]"))
-    return _object(pairs, draw(st.booleans()))
+    return _object(pairs, draw(st.booleans()), draw(st.sampled_from([": ", ":", " : ", "\n:\t"])))
 
 
 @settings(max_examples=600, deadline=None)

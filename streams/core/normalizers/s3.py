@@ -62,7 +62,6 @@ helpers (`present`, `strip_quotes`, `optional_int`, `parse_time`, `load_json`) a
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from typing import Any, Literal
@@ -210,12 +209,13 @@ def refuse_repeated_names(text: bytes | str, parsed: Any, what: str) -> None:
 
     Without a second parse: every name of every object in the text is a JSON string followed
     by `:`, so the text names as many fields as the reading holds (the members of all its
-    objects) exactly when no object names one twice (`_names_in_text`, one regular-expression
-    pass over the text, `_members`). Only a text where the two differ, or that is not UTF-8
-    (UTF-16/32, a BOM: load_json reads those too), is read again by `json` with every
-    object's pairs, which decides as before."""
-    utf8 = isinstance(text, str) or not (text.startswith(_BOM) or b"\x00" in text)
-    if utf8 and _names_in_text(text) == _members(parsed):
+    objects, `_members`) exactly when no object names one twice. `_names_in_text` counts
+    those names with a few byte counts; only a text where it cannot (one holding an escaped
+    backslash, or not in UTF-8: UTF-16/32 or a BOM, which load_json reads too), or where the
+    two counts differ, is read again by `json` with every object's pairs, which decides as
+    before."""
+    names = _names_in_text(text)
+    if names is not None and names == _members(parsed):
         return
     try:
         json.loads(text, object_pairs_hook=_unique_names)
@@ -226,18 +226,23 @@ def refuse_repeated_names(text: bytes | str, parsed: Any, what: str) -> None:
 
 
 _BOM = b"\xef\xbb\xbf"
-# A JSON string token (escapes included), then `:` if it is an object's member name. Outside
-# strings JSON has no `"`, so matching string after string from the start finds each token.
-_TOKEN = r'"[^"\\]*(?:\\.[^"\\]*)*"\s*(:?)'
-_STRING_TOKENS = re.compile(_TOKEN, re.DOTALL)
-_BYTES_TOKENS = re.compile(_TOKEN.encode(), re.DOTALL)
+_WHITESPACE = b" \t\n\r"
 
 
-def _names_in_text(text: bytes | str) -> int:
-    """How many object member names the JSON `text` spells (repeats counted)."""
-    if isinstance(text, str):
-        return _STRING_TOKENS.findall(text).count(":")
-    return _BYTES_TOKENS.findall(text).count(b":")
+def _names_in_text(text: bytes | str) -> int | None:
+    """How many object member names the JSON `text` spells (repeats counted), or None when
+    this count cannot tell (see refuse_repeated_names).
+
+    A name ends with a closing quote, JSON whitespace and `:`; with the whitespace deleted,
+    `":`. Inside a string a quote is escaped, `\\"`: so without an escaped backslash
+    (`\\\\`, after which a quote closes the string) in the text, the names are the `":`
+    not preceded by a backslash. Deleting whitespace inside a string (a space) only joins
+    an escaped quote to what follows, which the subtraction discounts."""
+    raw = text.encode("utf-8") if isinstance(text, str) else text
+    if b"\\\\" in raw or b"\x00" in raw or raw.startswith(_BOM):
+        return None
+    compact = raw.translate(None, _WHITESPACE)
+    return compact.count(b'":') - compact.count(b'\\":')
 
 
 def _members(value: Any) -> int:
