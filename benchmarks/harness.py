@@ -85,7 +85,9 @@ class WorkerProcess:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 [str(FAUST), "-A", "streams", "worker", "-l", "info"],
-                cwd=ROOT,
+                # `python -m` (the stage child) puts its working directory first on sys.path:
+                # another checkout's worker (BENCH_WORKER_TREE) runs from that checkout.
+                cwd=self.env.get("BENCH_WORKER_TREE") or ROOT,
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
