@@ -18,6 +18,7 @@ metaclass mypyc cannot compile; its work is msgspec's C either way.
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 import msgspec
@@ -35,6 +36,7 @@ payload to those of the event itself."""
 
 _VERSION_1 = bytes((KEYED_HEAD_VERSION,))
 _encode = msgspec.msgpack.Encoder().encode
+_json = msgspec.json.Encoder().encode
 
 
 class HeadV1(msgspec.Struct, array_like=True):
@@ -62,6 +64,12 @@ def pack_head(event: FileEvent) -> bytes | None:
     if raw is not None:
         raw = {name: raw[name] for name in HEAD_RAW_FIELDS if name in raw}
     time = fields["time"]
+    if time is None:
+        time_text = None
+    elif time.tzinfo is UTC:  # as the model keeps it: msgspec writes format_time's text
+        time_text = _json(time)[1:-1].decode()
+    else:
+        time_text = format_time(time)
     try:
         return _VERSION_1 + _encode(
             (
@@ -71,7 +79,7 @@ def pack_head(event: FileEvent) -> bytes | None:
                 fields["bucket"],
                 fields["provider"],
                 fields["sequencer"],
-                format_time(time) if time is not None else None,
+                time_text,
                 fields["version_only"],
                 fields["etag"],
                 raw,

@@ -6,7 +6,7 @@ this worker does not know is refused, never misread."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from streams.core.delivery import Delivery
-from streams.core.event import FileEvent
+from streams.core.event import FileEvent, format_time
 from streams.core.keyedhead import HEAD_RAW_FIELDS, KEYED_HEAD_VERSION, pack_head
 from streams.core.normalizers import MalformedDelivery, normalize
 from streams.core.ordering import order_token, scope
@@ -279,3 +279,43 @@ def test_elements_appended_to_a_version_1_head_are_ignored() -> None:
     keyed = parse_keyed(b"{}", {"instance": b"a", KEYED_HEAD_HEADER: head})
     assert (keyed.id, keyed.bucket, keyed.sequencer, keyed.etag) == ("i", "b", "0A", "e")
     assert keyed.time == datetime(2026, 11, 30, tzinfo=UTC)
+
+
+@given(
+    st.datetimes(
+        min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30), timezones=st.timezones()
+    )
+)
+def test_the_head_time_is_the_json_time(time: datetime) -> None:
+    event = FileEvent(id="i", type="deleted", key="k", provider="s3", time=time)
+    record = keyed_record("by-key", "a", event, None)
+    assert record.value is not None
+    headers = dict(record.headers)
+    head = parse_keyed(record.value, headers)
+    assert head.time_text == json.loads(record.value)["time"] == format_time(time)
+    assert head.time == event.time
+    _same_decisions(head, _json_read(record.value, headers))
+
+
+def test_a_time_outside_utc_is_written_as_the_json_writes_it() -> None:
+    """from_checked vouches for UTC; a time it was handed in another zone still reads alike."""
+    time = datetime(2026, 11, 30, 2, 0, 0, 5, tzinfo=timezone(timedelta(hours=2)))
+    event = FileEvent.from_checked(
+        id="i",
+        type="created",
+        key="k",
+        bucket=None,
+        size=None,
+        etag=None,
+        version_id=None,
+        time=time,
+        sequencer=None,
+        provider="s3",
+        version_only=None,
+        raw=None,
+    )
+    record = keyed_record("by-key", "a", event, None)
+    assert record.value is not None
+    head = parse_keyed(record.value, dict(record.headers))
+    assert head.time_text == "2026-11-30T00:00:00.000005Z"
+    _same_decisions(head, _json_read(record.value, dict(record.headers)))
