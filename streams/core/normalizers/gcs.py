@@ -92,7 +92,8 @@ def normalize(delivery: Delivery) -> list[FileEvent]:
     """The canonical events in one GCS Pub/Sub delivery (zero or one)."""
     attributes = _attributes(delivery.attributes, "delivery attributes")
     # The body's JSON is checked by load_json; the attributes come from the transport.
-    reject_lone_surrogates(attributes, "delivery attributes")
+    if not _all_text(attributes):
+        reject_lone_surrogates(attributes, "delivery attributes")  # refuses, saying why
     resource: dict[str, Any] | None = None
     if delivery.body.strip():
         document = require_dict(load_json(delivery.body, "body"), "body")
@@ -145,6 +146,17 @@ def _event(attributes: dict[str, str], resource: dict[str, Any] | None) -> FileE
         version_only=version_only,
         raw=raw,
     )
+
+
+def _all_text(attributes: dict[str, str]) -> bool:
+    """Whether no name or value of `attributes` holds a lone surrogate: one encode of them
+    all, where reject_lone_surrogates walks them one by one (a surrogate stays lone when
+    joined to another string: Python never pairs them)."""
+    try:
+        "".join((*attributes, *attributes.values())).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _attributes(value: Any, what: str) -> dict[str, str]:
