@@ -35,8 +35,6 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import errors as aiokafka_errors
-from aiokafka.errors import KafkaConnectionError as FailpointError
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from streams import metrics
@@ -212,14 +210,39 @@ def acknowledgements(
     ]
 
 
+class RecordRefused(Exception):
+    """Kafka refused a record itself (REFUSALS): a dead letter's reason names the subclass
+    for the broker's code, as dead letters always did (the names of aiokafka's error classes,
+    which the engine no longer uses), e.g. `MessageSizeTooLargeError('Broker: ...')`."""
+
+
+class MessageSizeTooLargeError(RecordRefused):
+    """MESSAGE_TOO_LARGE (10): larger than the topic's max.message.bytes."""
+
+
+class RecordListTooLargeError(RecordRefused):
+    """RECORD_LIST_TOO_LARGE (18): the batch is larger than the topic takes."""
+
+
+class CorruptRecordException(RecordRefused):
+    """CORRUPT_MESSAGE (2): the record fails its CRC or is otherwise corrupt."""
+
+
+REFUSAL_NAMES: dict[int, type[RecordRefused]] = {
+    KafkaError.MSG_SIZE_TOO_LARGE: MessageSizeTooLargeError,
+    KafkaError.RECORD_LIST_TOO_LARGE: RecordListTooLargeError,
+    2: CorruptRecordException,
+}
+"""Per broker code, the refusal a dead letter names; any other (INVALID_RECORD, which aiokafka
+knew by no name either) reads as librdkafka's KafkaException."""
+
+
 def refusal_error(error: KafkaError) -> BaseException:
-    """The refusal as the aiokafka engine words it (aiokafka's error class for the broker's
-    code, e.g. MessageSizeTooLargeError), so a dead letter's reason reads the same on both."""
-    cls = aiokafka_errors.for_code(error.code()) if error.code() > 0 else None
-    if cls is None or cls is aiokafka_errors.UnknownError:
+    """The refusal as dead letters word it (REFUSAL_NAMES), so a reason reads as it did."""
+    cls = REFUSAL_NAMES.get(error.code())
+    if cls is None:
         return KafkaException(error)
-    refusal: BaseException = cls(error.str())
-    return refusal
+    return cls(error.str())
 
 
 def is_refusal(error: KafkaError | None) -> bool:
@@ -424,7 +447,7 @@ class RdRecordSender(Sender):
                 batch, waiting.records = waiting.records, []
             try:
                 failpoints.check_writable({record.topic for record in batch})
-            except FailpointError as exc:  # as if Kafka were away (streams.engine.failpoints)
+            except failpoints.FailpointError as exc:  # as if Kafka were away
                 if single:
                     waiting.single.insert(0, batch[0])
                 else:
