@@ -8,11 +8,16 @@ tested without a broker:
 * `routing`: a raw record to its keyed records or a dead-letter reason;
 * `rules`: an instance's filters and key rewriting;
 * `emitting`: a batch's dedupe/order plan (what to emit, what is stale, what state to write);
+* `keystate`, `state`: a key's state record, and the state's tables, keys and reader (what
+  earlier releases wrote is read by streams.migrations, around that reader);
 * `ordering`: the per-key sequencer comparison and ordering marks;
 * `records`, `event`, `delivery`, `schema`, `partitioning`: the records and event they
   work on, and the partition a key lands on (the Java client's murmur2).
 
-The Kafka-facing shell that feeds them is streams.engine; streams.worker joins the two.
+They take small frozen policies built once from the settings (streams.policies,
+streams.stages.normalize), never the settings module, and import nothing of streams.engine or
+streams.stages: the Kafka-facing shell that feeds them is streams.engine; streams.worker joins
+the two.
 """
 
 from streams.core import compiled as _compiled

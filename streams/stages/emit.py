@@ -51,7 +51,7 @@ from streams.engine.librdkafka.consumer import Unreadable, headers_unreadable
 from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.librdkafka.transactions import MemberTransactions, PartitionsMoved
 from streams.engine.outcomes import DeadLetters, RecordsRefused
-from streams.engine.store import SWEEP_FLUSH_KEYS, StateStore
+from streams.engine.store import SWEEP_FLUSH_KEYS, Reviser, StateStore
 from streams.logs import printable
 from streams.migrations import mark_forget_at, migrated_mark
 from streams.progress import Progress, Stopping
@@ -413,9 +413,7 @@ class EmitStage:
         def revise(key: bytes, stored: bytes) -> Revision | None:
             return key_revision(key, stored, now, self.mark_grace)
 
-        # Any: streams.engine.store still defines a Revision of its own (the core's until it
-        # imports it, requests.md); the store reads only `.value`.
-        tables: tuple[tuple[str, Callable[[bytes, bytes], Any], int], ...] = (
+        tables: tuple[tuple[str, Reviser, int], ...] = (
             (SEEN, expire, SEEN_SWEEP_SCAN),
             (KEYS, revise, KEYS_SWEEP_SCAN),
         )
