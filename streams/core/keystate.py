@@ -98,9 +98,10 @@ class KeyState:
         ]
 
     def copy(self) -> KeyState:
-        """A state the caller may change without changing this one: the plan only ever
-        replaces a state's fields (and `ids` by a new list), never changes one in place."""
-        return KeyState(self.mark, self.ids, self.etag, self.spill_until)
+        """A state the caller may change without changing this one: its own `ids` list (the
+        entries and the mark are shared: nothing changes them in place, `with_grace` and
+        `remember` make new ones)."""
+        return KeyState(self.mark, list(self.ids), self.etag, self.spill_until)
 
     def forget_at(self) -> float | None:
         """When the whole record may go; None while it holds a live key's mark (kept)."""
