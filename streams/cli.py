@@ -401,8 +401,10 @@ def command_status(args: argparse.Namespace) -> int:
 
     from streams import status
 
-    # It says itself, in one line, when Kafka cannot be read: not aiokafka's line per retry.
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    # It says itself, in one line, when Kafka cannot be read: not librdkafka's line per retry.
+    from streams.engine.librdkafka import LIBRDKAFKA_LOGGER
+
+    logging.getLogger(LIBRDKAFKA_LOGGER).setLevel(logging.CRITICAL)
     settings = load_settings(args.config)
     urls = args.worker or [f"http://127.0.0.1:{settings.stream.web_port}"]
     try:
@@ -414,13 +416,15 @@ def command_status(args: argparse.Namespace) -> int:
 async def _status(
     status: Any, settings: Any, urls: list[str], watch: float | None, as_json: bool
 ) -> int:
-    from aiokafka.errors import KafkaError
+    import concurrent.futures
+
+    from confluent_kafka import KafkaException
 
     previous = None
     while True:
         try:
             previous = await status.snapshot(settings, urls, previous)
-        except (KafkaError, OSError) as exc:
+        except (KafkaException, concurrent.futures.TimeoutError, OSError) as exc:
             message = (
                 f"cannot read the stream's state from Kafka at "
                 f"{settings.kafka.bootstrap_servers} (KAFKA_BOOTSTRAP_SERVERS): {exc!r}"

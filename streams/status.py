@@ -33,12 +33,23 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from confluent_kafka import (
+    OFFSET_INVALID,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+)
+from confluent_kafka import TopicPartition as RdTopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._listoffsets import OffsetSpec
 from prometheus_client.parser import text_string_to_metric_families
 
 from streams.config import InstanceConfig, Settings
+from streams.engine.librdkafka import librdkafka_log
 from streams.engine.membership import admin_client, describe, state_name
+from streams.engine.records import TopicPartition
 from streams.engine.topics import KEYS_TABLE, MARKS_TABLE, SEEN_TABLE, changelog_topic
 from streams.kafka_settings import KafkaSettings
 
@@ -253,91 +264,177 @@ async def workers_emitted(
     return [worker for worker, _ in answers], summed, read_at
 
 
-async def _group(
-    kafka: KafkaSettings,
-    admin: AIOKafkaAdminClient,
-    consumer: AIOKafkaConsumer,
-    name: str,
-    topics: Iterable[str],
-    partitions_of: Mapping[str, list[int]],
-) -> GroupStatus:
-    # confluent-kafka's admin: ConsumerGroupDescribe for a KIP-848 group (aiokafka's
-    # DescribeGroups answers "Dead" without members for one), DescribeGroups for a classic one.
-    described = await asyncio.to_thread(describe, admin_client(kafka), name, 10.0)
-    members = tuple(
-        Member(
-            member.member_id,
-            member.group_instance_id or member.client_id,
-            member.host,
-            tuple(
-                f"{tp.topic}[{tp.partition}]"
-                for tp in sorted(
-                    member.assignment.topic_partitions if member.assignment else [],
-                    key=lambda tp: (tp.topic, tp.partition),
-                )
-            ),
-        )
-        for member in described.members
-    )
-    owners = {part: member.member_id for member in members for part in member.partitions}
-    partitions = [
-        TopicPartition(topic, partition)
-        for topic in topics
-        for partition in partitions_of.get(topic, ())
-    ]
-    committed = await admin.list_consumer_group_offsets(name, partitions=partitions or None)
-    beginnings = await consumer.beginning_offsets(partitions) if partitions else {}
-    ends = await consumer.end_offsets(partitions) if partitions else {}
-    rows = []
-    for tp in partitions:
-        offset = committed.get(tp)
-        value = offset.offset if offset is not None and offset.offset >= 0 else None
-        rows.append(
-            PartitionLag(
-                tp.topic,
-                tp.partition,
-                owners.get(f"{tp.topic}[{tp.partition}]"),
-                value,
-                ends[tp],
-                lag_of(value, beginnings[tp], ends[tp]),
+CALL_TIMEOUT_S = 10.0
+"""One request of `status` answered within this."""
+
+
+class _Kafka:
+    """`status`'s reads of Kafka on confluent-kafka, all blocking (`snapshot` runs them in a
+    thread): an AdminClient (metadata, groups, committed offsets, ListOffsets in
+    read_committed) and, for the newest records of the outputs, an assigned Consumer."""
+
+    def __init__(self, kafka: KafkaSettings, app_id: str) -> None:
+        self.kafka = kafka
+        config: dict[str, Any] = {
+            **kafka.librdkafka_config(),
+            "client.id": "storage-events-status",
+            "logger": librdkafka_log(),  # its lines through the log, never raw on stderr
+        }
+        self.admin = AdminClient(config)
+        self._consumer_config = {
+            **config,
+            # Named, never joined (partitions are assigned) nor committed to; librdkafka looks
+            # its coordinator up, which the stage group's Describe (that status needs) grants.
+            "group.id": f"{app_id}-emit",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+        }
+
+    def topic_partitions(self) -> dict[str, list[int]]:
+        """Every topic's partitions (one metadata request; it never creates a topic)."""
+        metadata = self.admin.list_topics(timeout=CALL_TIMEOUT_S)
+        return {
+            name: sorted(topic.partitions)
+            for name, topic in metadata.topics.items()
+            if topic.error is None
+        }
+
+    def offsets(
+        self, partitions: list[TopicPartition]
+    ) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+        """Each partition's beginning and its end (the last stable offset: read_committed),
+        two ListOffsets requests for them all."""
+        if not partitions:
+            return {}, {}
+        found: list[dict[TopicPartition, int]] = []
+        for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):  # type: ignore[no-untyped-call]
+            futures = self.admin.list_offsets(
+                {RdTopicPartition(tp.topic, tp.partition): spec for tp in partitions},
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=CALL_TIMEOUT_S,
             )
+            found.append(
+                {
+                    TopicPartition(tp.topic, tp.partition): int(
+                        future.result(CALL_TIMEOUT_S + 5).offset
+                    )
+                    for tp, future in futures.items()
+                }
+            )
+        return found[0], found[1]
+
+    def committed(self, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """`group`'s committed offsets of `partitions` (named: a whole-group OffsetFetch of a
+        group the cluster never saw crashes confluent-kafka 2.16.2, streams.engine.offsets)."""
+        if not partitions:
+            return {}
+        asked = [
+            ConsumerGroupTopicPartitions(
+                group, [RdTopicPartition(tp.topic, tp.partition) for tp in partitions]
+            )
+        ]
+        answer = self.admin.list_consumer_group_offsets(asked, request_timeout=CALL_TIMEOUT_S)
+        return {
+            TopicPartition(tp.topic, tp.partition): tp.offset
+            for tp in answer[group].result(CALL_TIMEOUT_S + 5).topic_partitions or []
+            if tp.error is None and tp.offset >= 0
+        }
+
+    def group(
+        self, name: str, topics: Iterable[str], partitions_of: Mapping[str, list[int]]
+    ) -> GroupStatus:
+        # ConsumerGroupDescribe for a KIP-848 group (DescribeGroups answers "Dead" without
+        # members for one), DescribeGroups for a classic one: streams.engine.membership.
+        described = describe(admin_client(self.kafka), name, CALL_TIMEOUT_S)
+        members = tuple(
+            Member(
+                member.member_id,
+                member.group_instance_id or member.client_id,
+                member.host,
+                tuple(
+                    f"{tp.topic}[{tp.partition}]"
+                    for tp in sorted(
+                        member.assignment.topic_partitions if member.assignment else [],
+                        key=lambda tp: (tp.topic, tp.partition),
+                    )
+                ),
+            )
+            for member in described.members
         )
-    return GroupStatus(name, state_name(described), members, tuple(rows))
+        owners = {part: member.member_id for member in members for part in member.partitions}
+        partitions = [
+            TopicPartition(topic, partition)
+            for topic in topics
+            for partition in partitions_of.get(topic, ())
+        ]
+        committed = self.committed(name, partitions)
+        beginnings, ends = self.offsets(partitions)
+        rows = []
+        for tp in partitions:
+            value = committed.get(tp)
+            rows.append(
+                PartitionLag(
+                    tp.topic,
+                    tp.partition,
+                    owners.get(f"{tp.topic}[{tp.partition}]"),
+                    value,
+                    ends[tp],
+                    lag_of(value, beginnings[tp], ends[tp]),
+                )
+            )
+        return GroupStatus(name, state_name(described), members, tuple(rows))
 
+    def offsets_held(self, topic: str, numbers: Iterable[int]) -> int:
+        """Offsets on `topic` over all partitions (no records read)."""
+        partitions = [TopicPartition(topic, p) for p in numbers]
+        beginnings, ends = self.offsets(partitions)
+        return sum(ends[tp] - beginnings[tp] for tp in partitions)
 
-async def _topic_partitions(admin: AIOKafkaAdminClient) -> dict[str, list[int]]:
-    """Every topic's partitions (one metadata request; it never creates a topic)."""
-    return {
-        topic["topic"]: sorted(partition["partition"] for partition in topic["partitions"])
-        for topic in await admin.describe_topics(None)
-        if not topic["error_code"]
-    }
-
-
-async def _newest_timestamp(
-    consumer: AIOKafkaConsumer, topic: str, numbers: Iterable[int]
-) -> tuple[int, float | None]:
-    """Offsets on `topic` and the timestamp of its newest committed record."""
-    partitions = [TopicPartition(topic, p) for p in numbers]
-    beginnings = await consumer.beginning_offsets(partitions)
-    ends = await consumer.end_offsets(partitions)
-    remaining = {tp for tp in partitions if ends[tp] > beginnings[tp]}
-    newest: float | None = None
-    if remaining:
-        consumer.assign(sorted(remaining))
-        for tp in remaining:
-            consumer.seek(tp, max(beginnings[tp], ends[tp] - LAST_RECORDS))
-        deadline = time.monotonic() + 5.0
-        while remaining and time.monotonic() < deadline:
-            fetched = await consumer.getmany(*remaining, timeout_ms=500)
-            for records in fetched.values():
-                for record in records:
-                    newest = max(newest or 0.0, record.timestamp / 1000)
-            for tp in list(remaining):
-                if await consumer.position(tp) >= ends[tp]:
-                    remaining.discard(tp)
-        consumer.unsubscribe()
-    return sum(ends[tp] - beginnings[tp] for tp in partitions), newest
+    def newest_timestamp(self, topic: str, numbers: Iterable[int]) -> tuple[int, float | None]:
+        """Offsets on `topic` and the timestamp of its newest committed record (its last
+        LAST_RECORDS records per partition read, for at most 5 s)."""
+        partitions = [TopicPartition(topic, p) for p in numbers]
+        beginnings, ends = self.offsets(partitions)
+        remaining = {tp for tp in partitions if ends[tp] > beginnings[tp]}
+        newest: float | None = None
+        if remaining:
+            consumer = Consumer(self._consumer_config)
+            try:
+                consumer.assign(
+                    [
+                        RdTopicPartition(
+                            tp.topic, tp.partition, max(beginnings[tp], ends[tp] - LAST_RECORDS)
+                        )
+                        for tp in sorted(remaining)
+                    ]
+                )
+                deadline = time.monotonic() + 5.0
+                while remaining and time.monotonic() < deadline:
+                    for message in consumer.consume(100, 0.5):
+                        tp = TopicPartition(message.topic() or "", message.partition() or 0)
+                        error = message.error()
+                        if error is not None:
+                            if error.code() == KafkaError._PARTITION_EOF:
+                                remaining.discard(tp)
+                            elif error.fatal() or message.topic() is not None:
+                                raise KafkaException(error)
+                            continue
+                        _, at = message.timestamp()
+                        if at >= 0:
+                            newest = max(newest or 0.0, at / 1000)
+                        if (message.offset() or 0) + 1 >= ends.get(tp, 0):
+                            remaining.discard(tp)
+                    if remaining:
+                        asked = [RdTopicPartition(tp.topic, tp.partition) for tp in remaining]
+                        for position in consumer.position(asked):
+                            tp = TopicPartition(position.topic, position.partition)
+                            if position.offset != OFFSET_INVALID and position.offset >= ends[tp]:
+                                remaining.discard(tp)
+            finally:
+                consumer.close()
+        return sum(ends[tp] - beginnings[tp] for tp in partitions), newest
 
 
 async def snapshot(
@@ -358,59 +455,8 @@ async def snapshot(
     elif worker_urls:
         _, totals, read_at = await workers_emitted(worker_urls)
         first = (totals, read_at)
-    connection = settings.kafka.aiokafka_args()  # TLS and SASL: streams.kafka_settings
-    admin = AIOKafkaAdminClient(**connection, client_id="storage-events-status")
-    await admin.start()
-    try:
-        consumer = AIOKafkaConsumer(
-            **connection,
-            client_id="storage-events-status",
-            group_id=None,
-            enable_auto_commit=False,
-            isolation_level="read_committed",
-        )
-        await consumer.start()
-        try:
-            known = await _topic_partitions(admin)
-            stream = settings.stream
-            app = stream.app_id
-            groups = (
-                await _group(
-                    settings.kafka,
-                    admin,
-                    consumer,
-                    f"{app}-normalize",
-                    [topic.name for topic in stream.raw_topics],
-                    known,
-                ),
-                await _group(
-                    settings.kafka,
-                    admin,
-                    consumer,
-                    f"{app}-emit",
-                    [stream.repartition_topic],
-                    known,
-                ),
-            )
-            changelogs: dict[str, int] = {}
-            for table in (KEYS_TABLE, SEEN_TABLE, MARKS_TABLE):
-                topic = changelog_topic(settings, table)
-                if topic in known:
-                    changelogs[topic] = await _offsets_held(consumer, topic, known[topic])
-            outputs: list[tuple[str, str, int | None, float | None]] = []
-            listed = shown_instances(settings.instances, first[0] if first else None)
-            for instance in listed:
-                if instance.output_topic in known:
-                    records, newest = await _newest_timestamp(
-                        consumer, instance.output_topic, known[instance.output_topic]
-                    )
-                    outputs.append((instance.name, instance.output_topic, records, newest))
-                else:
-                    outputs.append((instance.name, instance.output_topic, None, None))
-        finally:
-            await consumer.stop()
-    finally:
-        await admin.close()
+    listed = shown_instances(settings.instances, first[0] if first else None)
+    groups, changelogs, outputs = await asyncio.to_thread(_read_kafka, settings, listed)
     if first is not None and previous is None:
         await asyncio.sleep(max(0.0, first[1] + sample_s - time.time()))
     workers, totals, read_at = await workers_emitted(worker_urls)
@@ -449,12 +495,39 @@ async def snapshot(
     )
 
 
-async def _offsets_held(consumer: AIOKafkaConsumer, topic: str, numbers: Iterable[int]) -> int:
-    """Offsets on `topic` over all partitions (no records read)."""
-    partitions = [TopicPartition(topic, p) for p in numbers]
-    beginnings = await consumer.beginning_offsets(partitions)
-    ends = await consumer.end_offsets(partitions)
-    return sum(ends[tp] - beginnings[tp] for tp in partitions)
+def _read_kafka(
+    settings: Settings, listed: Sequence[InstanceConfig]
+) -> tuple[
+    tuple[GroupStatus, GroupStatus],
+    dict[str, int],
+    list[tuple[str, str, int | None, float | None]],
+]:
+    """What `snapshot` reads of Kafka: both stage groups, the changelogs' sizes, and each
+    listed instance's output (blocking: a thread's)."""
+    stream = settings.stream
+    kafka = _Kafka(settings.kafka, stream.app_id)
+    known = kafka.topic_partitions()
+    groups = (
+        kafka.group(
+            f"{stream.app_id}-normalize", [topic.name for topic in stream.raw_topics], known
+        ),
+        kafka.group(f"{stream.app_id}-emit", [stream.repartition_topic], known),
+    )
+    changelogs: dict[str, int] = {}
+    for table in (KEYS_TABLE, SEEN_TABLE, MARKS_TABLE):
+        topic = changelog_topic(settings, table)
+        if topic in known:
+            changelogs[topic] = kafka.offsets_held(topic, known[topic])
+    outputs: list[tuple[str, str, int | None, float | None]] = []
+    for instance in listed:
+        if instance.output_topic in known:
+            records, newest = kafka.newest_timestamp(
+                instance.output_topic, known[instance.output_topic]
+            )
+            outputs.append((instance.name, instance.output_topic, records, newest))
+        else:
+            outputs.append((instance.name, instance.output_topic, None, None))
+    return groups, changelogs, outputs
 
 
 def _when(at: float | None, now: float) -> str:
