@@ -16,8 +16,9 @@ COPY pyproject.toml README.md ./
 COPY streams ./streams
 COPY connectors ./connectors
 COPY fileevents ./fileevents
-# A regular (non-editable) install: the runtime stage gets the venv and nothing of /src.
-RUN pip install --no-cache-dir . \
+# A regular (non-editable) install: the runtime stage gets the venv and nothing of /src. The
+# consumer library's distribution (fileevents/, a dependency of the project on no index) with it.
+RUN pip install --no-cache-dir ./fileevents . \
     && pip check
 
 FROM python:3.11.17-slim-trixie AS runtime

@@ -53,9 +53,11 @@ QUIET_EDITABLE := PYTHONWARNINGS=ignore::Warning:setuptools.command.editable_whe
 # A virtualenv of another Python is re-made whatever its stamp says.
 VENV_WRONG := $(shell [ -e $(VENV) ] && ! $(BIN)/python -c '$(FITS)' >/dev/null 2>&1 && echo wrong)
 
-$(STAMP): pyproject.toml $(if $(VENV_WRONG),venv) | venv
+# The project and the consumer library's own distribution (fileevents/, which the project
+# depends on and which is on no package index), both editable, in one resolve.
+$(STAMP): pyproject.toml $(wildcard fileevents/pyproject.toml) $(if $(VENV_WRONG),venv) | venv
 	$(BIN)/pip install --quiet --upgrade pip
-	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e . || { rm -f $(STAMP); exit 1; }
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e . -e ./fileevents || { rm -f $(STAMP); exit 1; }
 	@touch $(STAMP)
 
 $(CORE_STAMP): $(STAMP) $(CORE_SOURCES)
@@ -72,7 +74,7 @@ NPM_TEST_TOOLS = $(shell $(PYTHON) -c 'import json; print(", ".join(json.load(op
 # pyproject.toml's [test] extra: pytest and the libraries, linters and checkers the suite uses.
 $(TEST_STAMP): $(STAMP)
 	@echo "make test: installing the Python test tools of pyproject.toml [test] into $(VENV): $(PY_TEST_TOOLS)"
-	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[test]'
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -e '.[test]' -e ./fileevents
 	@touch $(TEST_STAMP)
 
 # Emulators and tools the tests start (Azurite, ...), from the npm registry, pinned by
@@ -148,6 +150,16 @@ OTHER_PYTHONS ?= 3.12 3.13
 test: test-deps install kafka-fetch
 	PUBSUB_FAKE_BIN=$(abspath $(PUBSUB_FAKE)) $(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(if $(PYTEST_ARGS),,@dev/other_pythons.sh $(OTHER_PYTHONS))
+	$(if $(PYTEST_ARGS),,@dev/fileevents-alone.sh $(FILEEVENTS_PYTHONS))
+
+# The consumer library's distribution installed alone (no storage-events) in a fresh
+# virtualenv of the oldest and the newest Python it supports, its suite run there against a
+# local broker (dev/fileevents-alone.sh); `make test` runs this last. About a minute per
+# Python once the virtualenvs exist.
+FILEEVENTS_PYTHONS ?= 3.10 3.13
+.PHONY: test-fileevents
+test-fileevents: install kafka-fetch redis-server
+	@dev/fileevents-alone.sh $(FILEEVENTS_PYTHONS)
 
 # Everything but the slow chaos and load tests.
 test-fast: test-deps install kafka-fetch
@@ -202,6 +214,7 @@ status: install
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check streams connectors fileevents tests dev benchmarks examples
 	$(BIN)/mypy
+	cd fileevents && ../$(BIN)/mypy  # the distribution on its own, as Python 3.10 (its oldest)
 
 format: $(TEST_STAMP)
 	$(BIN)/ruff format streams connectors fileevents tests dev benchmarks examples
@@ -230,4 +243,4 @@ chaos-scale: install kafka-fetch
 
 clean:
 	$(PYTHON) dev/compile_core.py --clean
-	rm -rf $(VENV) .pytest_cache .mypy_cache .hypothesis var build/mypyc
+	rm -rf $(VENV) .venv-fileevents-* .pytest_cache .mypy_cache .hypothesis var build/mypyc

@@ -21,13 +21,14 @@ for version in "$@"; do
     continue
   fi
   venv=".venv-$version"
-  if [ ! -e "$venv/.installed-test" ] || [ pyproject.toml -nt "$venv/.installed-test" ]; then
+  if [ ! -e "$venv/.installed-test" ] || [ pyproject.toml -nt "$venv/.installed-test" ] \
+      || [ fileevents/pyproject.toml -nt "$venv/.installed-test" ]; then
     echo "make test: installing the project and its test tools for Python $version into $venv"
     rm -rf "$venv"
     "$python" -m venv "$venv" || { status=1; continue; }
     "$venv/bin/pip" install --quiet --upgrade pip
     PYTHONWARNINGS=ignore::Warning:setuptools.command.editable_wheel \
-      "$venv/bin/pip" install --quiet -e '.[test]' || { rm -rf "$venv"; status=1; continue; }
+      "$venv/bin/pip" install --quiet -e ./fileevents -e '.[test]' || { rm -rf "$venv"; status=1; continue; }
     touch "$venv/.installed-test"
   fi
   echo "make test: the fast suites (tests/unit, tests/normalizers) on Python $version"

@@ -4,7 +4,7 @@ compares the two): print every change of the `default` instance as a handler see
     python -m examples.first_consumer        # with `make run` going; `make send` makes a change
 
 Kafka: the `KAFKA_*` variables when set, else the stack `make run` runs, wherever its ports
-are (streams.localstack), else 127.0.0.1:9092. The in-memory dedupe store forgets on exit, so
+are (fileevents.localstack), else 127.0.0.1:9092. The in-memory dedupe store forgets on exit, so
 a restarted consumer handles what it had not committed again; several processes of one group
 share what they handled only through Redis (`RedisDedupeStore`, as in
 examples/send_email.py).

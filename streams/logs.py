@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from fileevents.event import printable as printable  # the contract's, shared with fileevents
+
 KAFKA_LOGGERS = ("aiokafka", "faust.transport")
 """Logger name prefixes the filter is installed on."""
 EVERY_S = 5.0
@@ -124,20 +126,6 @@ def install_kafka_log_filter(
         logger.addFilter(installed)
     assert installed is not None
     return installed
-
-
-def printable(text: str) -> str:
-    """`text` with every character that is not printable escaped as Python writes it: line
-    breaks (`\\n`, `\\r`, U+2028, U+0085, ...), tabs, escape codes (`\\x1b`), lone surrogates,
-    format characters. Printable text, backslashes and non-ASCII letters included, is kept as
-    it is, so a reason or a key reads the same unless it holds such a character; the result
-    is one line, whatever `text` is."""
-    if text.isprintable():
-        return text
-    return "".join(
-        char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
-        for char in text
-    )
 
 
 ESCAPE_CODE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

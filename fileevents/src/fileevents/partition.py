@@ -225,9 +225,13 @@ class Dispatcher:
     async def close(self) -> None:
         """End the tasks (once every partition is drained, or to cancel what runs)."""
         self._stopped = True
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.wait(self._tasks)
+        pending = set(self._tasks)
+        while pending:
+            # Again every second for a task still there: on Python 3.10 a cancellation that
+            # lands with a handler's timeout is taken for the timeout's (processing.py).
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=1.0)
 
     async def _work(self) -> None:
         ready, idle = self._ready, self._idle

@@ -26,17 +26,17 @@ from aiokafka.errors import (
 )
 from aiokafka.structs import ConsumerRecord
 
+from fileevents import localstack
 from fileevents.codec import UnreadableRecord
 from fileevents.deadletter import DeadLetterWriter, describe
 from fileevents.dedupe import AnyDedupeStore, batching, check_store, store_name
 from fileevents.errors import OnError, log_failure
+from fileevents.kafka_settings import KafkaAccessError, KafkaSettings, check_access
 from fileevents.metrics import FileEventsMetrics, serve
 from fileevents.partition import Dispatcher, PartitionState, decode_finished
 from fileevents.processing import EventProcessor, Outcome
 from fileevents.registry import H, Registry, Selector, check_timeout, handler_name
 from fileevents.retry import RetryPolicy
-from streams import localstack
-from streams.kafka_settings import KafkaAccessError, KafkaSettings, check_access
 
 logger = logging.getLogger("fileevents")
 
@@ -82,7 +82,7 @@ def _connection(
         return kafka
     if servers is None and not os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
         # Nothing says where Kafka is: the stack `make run` started, wherever its ports are
-        # (streams.localstack), else the local broker's address, 127.0.0.1:9092.
+        # (fileevents.localstack), else the local broker's address, 127.0.0.1:9092.
         stack = localstack.belongs_to(os.environ)
         if stack is not None:
             logger.info(
@@ -103,7 +103,7 @@ class FileEvents:
     """Register handlers with `on`, then `await run()`.
 
     `group_id` and `instance` (or an explicit `topic`) are required, and where Kafka is:
-    `kafka=KafkaSettings(...)` (streams.kafka_settings: address, TLS, SASL), or
+    `kafka=KafkaSettings(...)` (fileevents.kafka_settings: address, TLS, SASL), or
     `bootstrap_servers` with TLS and SASL from the `KAFKA_*` environment variables the rest
     of the product reads (`KAFKA_SECURITY_PROTOCOL`, `KAFKA_SASL_USERNAME`, ...), or those
     variables alone (`KAFKA_BOOTSTRAP_SERVERS`); with none of them, the stack `make run` runs,

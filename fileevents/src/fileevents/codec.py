@@ -17,7 +17,7 @@ from aiokafka.structs import ConsumerRecord
 from pydantic import ValidationError
 
 from fileevents.errors import EventDecodeError
-from streams.core.event import FileEvent
+from fileevents.event import FileEvent
 
 _FIELDS = frozenset(FileEvent.model_fields)
 

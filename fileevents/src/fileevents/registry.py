@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any, Literal, TypeVar, cast, get_args
 
 from fileevents.context import EventContext
-from streams.core.event import FileEvent
+from fileevents.event import FileEvent
 
 Selector = Literal["created", "deleted", "*"]
 """What a handler is registered for: one event type, or `*` for every event."""

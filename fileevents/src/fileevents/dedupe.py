@@ -24,12 +24,12 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from redis.asyncio import Redis, RedisCluster
+from fileevents.event import FileEvent, scope
 
-from streams.core.event import FileEvent
-from streams.core.ordering import scope
+if TYPE_CHECKING:  # redis is the `fileevents[redis]` extra: imported by RedisDedupeStore only
+    from redis.asyncio import Redis, RedisCluster
 
 _SWEEP_EVERY = 1024
 
@@ -372,9 +372,12 @@ class RedisDedupeStore:
 
     def __init__(self, redis: Redis | RedisCluster, prefix: str = "fileevents:seen:") -> None:
         """`redis` is a `redis.asyncio` client; opening and closing it is up to you."""
+        from redis.asyncio import Redis  # the [redis] extra, there when a client is given
+
         self._redis = redis
+        self._single = isinstance(redis, Redis)
         self._prefix = prefix
-        single = isinstance(redis, Redis)
+        single = self._single
         self._add_many = redis.register_script(_ADD_MANY) if single else None
         self._exchange = redis.register_script(_EXCHANGE) if single else None
 
@@ -411,7 +414,7 @@ class RedisDedupeStore:
         if not event_ids:
             return []
         prefix = self._prefix
-        if isinstance(self._redis, Redis):
+        if self._single:
             found = await self._redis.mget([prefix + event_id for event_id in event_ids])
             return [value is not None for value in found]
         pipeline = self._redis.pipeline(transaction=False)

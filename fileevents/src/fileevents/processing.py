@@ -10,6 +10,7 @@ import asyncio
 import enum
 import inspect
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -31,10 +32,10 @@ from fileevents.errors import (
     OnError,
     log_failure,
 )
+from fileevents.event import FileEvent
 from fileevents.metrics import FileEventsMetrics
 from fileevents.registry import EventHandler, Registered, Registry
 from fileevents.retry import RetryPolicy
-from streams.core.event import FileEvent
 
 logger = logging.getLogger("fileevents")
 
@@ -80,6 +81,16 @@ class _HandlerMetrics:
         self.retried = metrics.retried.labels(topic, group, handler)
         self.dead_lettered = metrics.dead_lettered.labels(topic, group, handler)
         self.seconds = metrics.handler_seconds.labels(topic, group, handler)
+
+
+def _cancelled_by_others(task: asyncio.Task[Any]) -> bool:
+    """Whether `task` is being cancelled by someone other than the timeout watchdog (its
+    own cancellation is taken back in `_ran_out`). Python 3.10 counts no cancellations: there
+    a cancellation of `run()` that lands together with a handler's timeout is taken for the
+    timeout, and `Dispatcher.close` cancels again until its tasks have ended."""
+    if sys.version_info >= (3, 11):
+        return task.cancelling() > 0
+    return False
 
 
 class EventProcessor:
@@ -287,7 +298,7 @@ class EventProcessor:
             raise
         except asyncio.CancelledError as exc:
             ran_out = self._ran_out(task)
-            if task is None or task.cancelling():
+            if task is None or _cancelled_by_others(task):
                 raise  # we are being cancelled: the event stays uncommitted
             return _timed_out(handler, seconds) if ran_out else exc
         except BaseException as exc:
@@ -325,7 +336,8 @@ class EventProcessor:
         if task is None or task not in self._expired:
             return False
         self._expired.discard(task)
-        task.uncancel()
+        if sys.version_info >= (3, 11):
+            task.uncancel()
         return True
 
     async def _dead_letter(

@@ -7,8 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from fileevents.context import EventContext
-from streams.core.event import FileEvent
-from streams.logs import printable
+from fileevents.event import FileEvent, printable
 
 logger = logging.getLogger("fileevents")
 
