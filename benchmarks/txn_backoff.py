@@ -2,7 +2,8 @@
 `retry.backoff.ms` 100 (its default) and the emit producer's RETRY_BACKOFF_MS, alternating
 (issue 32 item 9).
 
-    python -m benchmarks.txn_backoff [--transactions 200] [--rounds 3] [--backoffs 100,10]
+    python -m benchmarks.txn_backoff [--transactions 200] [--rounds 3] [--records 1]
+        [--backoffs 100,10]  # retry.backoff.ms[:retry.backoff.max.ms],...
 
 Each round runs the emit member's MemberTransactions (streams.engine.librdkafka.transactions)
 on the local broker (KAFKA_BOOTSTRAP_SERVERS, else `make kafka`'s), committing `--transactions`
@@ -52,17 +53,23 @@ def phase_seconds() -> dict[str, float]:
 
 
 async def one_round(
-    bootstrap: str, backoff_ms: int, count: int
+    bootstrap: str, setting: str, count: int, size: int
 ) -> tuple[list[float], dict[str, float]]:
-    """`count` back-to-back transactions with `retry.backoff.ms` = `backoff_ms`: each one's
-    seconds, and the mean seconds per transaction in each phase."""
+    """`count` back-to-back transactions of `size` output records (over the output topic's
+    partitions) and one changelog record each, with `retry.backoff.ms` (and, after a colon,
+    `retry.backoff.max.ms`) from `setting`: each one's seconds, and the mean seconds per
+    transaction in each phase."""
+    backoff_ms, _, max_ms = setting.partition(":")
+    overrides: dict[str, Any] = {"retry.backoff.ms": int(backoff_ms)}
+    if max_ms:
+        overrides["retry.backoff.max.ms"] = int(max_ms)
     tag = uuid.uuid4().hex[:8]
     output, changelog, source = f"txb-out-{tag}", f"txb-log-{tag}", f"txb-in-{tag}"
     await create_topics(bootstrap, output, changelog, source)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"txb-{tag}"})
 
     def factory(config: dict[str, Any]) -> Producer:
-        return Producer({**config, "retry.backoff.ms": backoff_ms})
+        return Producer({**config, **overrides})
 
     member = MemberTransactions(
         bootstrap,
@@ -79,7 +86,7 @@ async def one_round(
         await member.prepare(set())
         for index in range(count + 5):  # the first five: coordinators looked up, not timed
             records = [
-                OutRecord(output, b"k", b"event %d" % index),
+                *(OutRecord(output, b"k%d" % n, b"event %d %d" % (index, n)) for n in range(size)),
                 OutRecord(changelog, b"k", b"state %d" % index, (), 0),
             ]
             started = time.monotonic()
@@ -99,22 +106,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--transactions", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", type=int, default=1, help="output records per transaction")
     parser.add_argument(
         "--backoffs",
         default=f"{LIBRDKAFKA_DEFAULT_MS},{RETRY_BACKOFF_MS}",
-        help="the retry.backoff.ms values to compare, comma-separated",
+        help="the retry.backoff.ms values to compare, comma-separated; each may add "
+        "`:retry.backoff.max.ms`",
     )
     args = parser.parse_args()
     bootstrap = bootstrap_servers()
-    results: dict[int, list[float]] = {int(ms): [] for ms in args.backoffs.split(",")}
+    results: dict[str, list[float]] = {setting: [] for setting in args.backoffs.split(",")}
     for round_ in range(args.rounds):
         order = list(results) if round_ % 2 == 0 else list(reversed(results))
         for backoff_ms in order:
-            seconds, phases = asyncio.run(one_round(bootstrap, backoff_ms, args.transactions))
+            seconds, phases = asyncio.run(
+                one_round(bootstrap, backoff_ms, args.transactions, args.records)
+            )
             results[backoff_ms].extend(seconds)
             ordered = sorted(seconds)
             print(
-                f"round {round_ + 1}, retry.backoff.ms {backoff_ms:>3}: transaction p50 "
+                f"round {round_ + 1}, retry.backoff.ms {backoff_ms:>8}: transaction p50 "
                 f"{ordered[len(ordered) // 2] * 1000:.1f} ms, p99 "
                 f"{ordered[int(len(ordered) * 0.99)] * 1000:.1f} ms, mean "
                 f"{statistics.fmean(seconds) * 1000:.1f} ms; mean per phase: producing "
@@ -126,7 +137,7 @@ def main() -> None:
     for backoff_ms, seconds in results.items():
         ordered = sorted(seconds)
         print(
-            f"retry.backoff.ms {backoff_ms:>3}, {len(seconds)} transactions: p50 "
+            f"retry.backoff.ms {backoff_ms:>8}, {len(seconds)} transactions: p50 "
             f"{ordered[len(ordered) // 2] * 1000:.1f} ms, p99 "
             f"{ordered[int(len(ordered) * 0.99)] * 1000:.1f} ms, mean "
             f"{statistics.fmean(seconds) * 1000:.1f} ms"
