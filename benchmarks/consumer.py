@@ -247,8 +247,14 @@ def consumer_command(args: argparse.Namespace, **given: Any) -> list[str]:
     return command
 
 
-def measured(command: list[str]) -> dict[str, Any]:
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+def measured(command: list[str], package: Path | None = None) -> dict[str, Any]:
+    """Run one round's process; `package`: the directory fileevents is imported from, ahead
+    of the installed one (a baseline's)."""
+    env = cwd = None
+    if package is not None:  # run from elsewhere: `-m` puts the working directory first
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package), str(ROOT)])}
+        cwd = tempfile.gettempdir()
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env, cwd=cwd)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -370,6 +376,23 @@ def restart_check(args: argparse.Namespace, redis_server: RedisServer | None) ->
 
 # -- the run -------------------------------------------------------------------------------
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def baseline_package(ref: str, into: Path) -> Path:
+    """The directory to put on PYTHONPATH for fileevents as of git `ref`: its own
+    distribution's `src/` (fileevents/src/fileevents), or, before the package split, the
+    root of that ref's fileevents/ and streams/ (that version imported the stream's model)."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "fileevents", "streams"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    if (into / "fileevents" / "src" / "fileevents" / "__init__.py").exists():
+        return into / "fileevents" / "src"
+    return into
+
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     floor = results.get("floor")
@@ -380,8 +403,14 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         "redis": "`fileevents`, `RedisDedupeStore`, no-op handler",
         "sleep": "`fileevents`, a 10 ms handler",
     }
+    for name in list(names):
+        for key in results:
+            if key.startswith(f"{name}@"):
+                names[key] = f"{names[name]}, as of {key.split('@', 1)[1]}"
+    order = sorted(names, key=lambda key: (list(names).index(key.split("@")[0]), "@" not in key))
     rows = ["| consumer | events/s | x floor | CPU µs per event |", "|---|---|---|---|"]
-    for name, label in names.items():
+    for name in order:
+        label = names[name]
         result = results.get(name)
         if result is None:
             continue
@@ -389,7 +418,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         ratio = f"{rate / (floor['events'] / floor['seconds']):.2f}x" if floor else "-"
         cpu = result["cpu"] / result["events"] * 1e6
         extra = ""
-        if name == "redis" and "redis_cpu" in result:
+        if name.startswith("redis") and "redis_cpu" in result:
             extra = f", plus {result['redis_cpu'] / result['events'] * 1e6:.0f} in Redis"
         rows.append(f"| {label} | {rate:,.0f} | {ratio} | {cpu:.1f}{extra} |")
     return "\n".join(rows)
@@ -410,6 +439,13 @@ def main() -> None:
     parser.add_argument("--redis")
     parser.add_argument("--log")
     parser.add_argument("--rounds", default=",".join(ROUNDS), help=f"of {','.join(ROUNDS)}")
+    parser.add_argument(
+        "--baseline",
+        metavar="GIT_REF",
+        help="also run the none/memory/redis rounds with fileevents as of GIT_REF (its "
+        "package from `git archive`, first on PYTHONPATH), each right before the working "
+        "tree's: before and after side by side in one run",
+    )
     args = parser.parse_args()
 
     if args.role == "floor":
@@ -432,6 +468,10 @@ def main() -> None:
         flush=True,
     )
     fill(args.bootstrap, args.topic, args.count, args.keys, args.partitions)
+    baseline: Path | None = None
+    if args.baseline:
+        baseline = baseline_package(args.baseline, Path(tempfile.mkdtemp(prefix="fileevents-")))
+        print(f"baseline: fileevents as of {args.baseline}, from {baseline}", flush=True)
     redis_server = RedisServer() if {"redis", "restart-redis"} & set(rounds) else None
     results: dict[str, dict[str, Any]] = {}
     try:
@@ -443,19 +483,26 @@ def main() -> None:
                            "--count", str(args.count)]  # fmt: skip
                 results[name] = measured(command)
             elif name in ("none", "memory", "redis"):
-                redis_before = pid_cpu_seconds(redis_server.process.pid) if redis_server else 0
-                results[name] = measured(
-                    consumer_command(
-                        args,
-                        group=group,
-                        store=name,
-                        handler="noop",
-                        redis=redis_server.url if name == "redis" and redis_server else None,
+                variants: list[tuple[str, Path | None]] = [(name, None)]
+                if baseline is not None:
+                    variants.insert(0, (f"{name}@{args.baseline}", baseline))
+                for label, package in variants:
+                    redis_before = pid_cpu_seconds(redis_server.process.pid) if redis_server else 0
+                    results[label] = measured(
+                        consumer_command(
+                            args,
+                            group=f"{group}-{len(results)}",
+                            store=name,
+                            handler="noop",
+                            redis=redis_server.url if name == "redis" and redis_server else None,
+                        ),
+                        package,
                     )
-                )
-                if name == "redis" and redis_server:
-                    used = pid_cpu_seconds(redis_server.process.pid) - redis_before
-                    results[name]["redis_cpu"] = used
+                    if name == "redis" and redis_server:
+                        used = pid_cpu_seconds(redis_server.process.pid) - redis_before
+                        results[label]["redis_cpu"] = used
+                    if package is not None:
+                        print(f"{label}: {json.dumps(results[label])}", flush=True)
             elif name == "sleep":
                 results[name] = measured(
                     consumer_command(args, group=group, store="none", handler="sleep")
