@@ -46,6 +46,10 @@ bootstrap="$("$host_python" "$root/dev/kafka/localkafka.py" start --fresh | tail
   exit 1
 }
 
+# setuptools builds a non-editable install in the source tree (fileevents/build): removed after
+# each, so that no stale copy of a module outlives its source.
+trap 'cleanup; rm -rf "$root/fileevents/build"' EXIT
+
 for entry in "${pythons[@]}"; do
   version="${entry%%=*}"
   python="${entry#*=}"
