@@ -137,15 +137,28 @@ def build_sources(modules: Sequence[str] = MODULES) -> list[Path]:
     return sorted(found)
 
 
+CONTRACT = "fileevents"
+"""The distribution whose event contract streams.core.event re-exports: its modules are
+sources of the build too, found where it is installed (`fileevents/src/` in the repository)."""
+
+
+def contract_directory() -> Path | None:
+    """Where the `fileevents` package is (located, not imported), if it is installed."""
+    spec = importlib.util.find_spec(CONTRACT)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def project_source(module: str) -> Path | None:
     """The source file of a project module a compiled one imports: of `streams`, or of the
-    fileevents distribution (`fileevents/src/`: the event contract streams.core.event takes
-    from it); None for any other module, or a name that is no module (an imported class)."""
-    top = module.split(".")[0]
-    if top == "streams":
+    fileevents distribution; None for any other module, or a name that is no module (an
+    imported class)."""
+    parts = module.split(".")
+    if parts[0] == "streams":
         path = source_path(module)
-    elif top == "fileevents":
-        path = ROOT.joinpath("fileevents", "src", *module.split("."))
+    elif parts[0] == CONTRACT and (package := contract_directory()) is not None:
+        path = package.joinpath(*parts[1:])
         path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     else:
         return None
@@ -157,7 +170,21 @@ def digest(path: Path) -> str:
 
 
 def _relative(path: Path) -> str:
+    """A source's name: relative to ROOT; the contract's as `fileevents:<path in the package>`,
+    found again wherever fileevents is installed (`_source_of`)."""
+    package = contract_directory()
+    if package is not None and path.is_relative_to(package):
+        return f"{CONTRACT}:{path.relative_to(package).as_posix()}"
     return path.relative_to(ROOT).as_posix()
+
+
+def _source_of(name: str) -> Path:
+    """The file a source's name (`_relative`) stands for."""
+    head, colon, rest = name.partition(":")
+    if colon and head == CONTRACT:
+        package = contract_directory()
+        return package / rest if package is not None else Path(name)
+    return ROOT / name
 
 
 def manifest_for(modules: Sequence[str] = MODULES) -> dict[str, object]:
@@ -189,7 +216,7 @@ def staleness() -> str | None:
     if missing:
         return f"{missing[0]} is not compiled ({len(missing)} of {len(MODULES)} missing)"
     for name, recorded in manifest.get("sources", {}).items():
-        path = ROOT / name
+        path = _source_of(name)
         try:
             current = digest(path)
         except OSError:
@@ -267,9 +294,14 @@ def activate() -> str:
     return STATE
 
 
+def prerequisite(path: Path) -> str:
+    """A source as make names it: relative to ROOT when under it, else its absolute path."""
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
+
+
 def main(argv: Sequence[str]) -> int:
     if list(argv) == ["sources"]:
-        print(" ".join(_relative(path) for path in build_sources()))
+        print(" ".join(prerequisite(path) for path in build_sources()))
         return 0
     print("usage: python streams/core/compiled.py sources", file=sys.stderr)
     return 2
