@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka.client import AIOKafkaClient, CoordinationType
+from aiokafka.client import AIOKafkaClient, CoordinationType  # LeaveGroup v3: no librdkafka call
 from aiokafka.errors import KafkaError, for_code
 from confluent_kafka.admin import AdminClient
 

@@ -1,6 +1,8 @@
-"""The Kafka requests the engine declares itself, in aiokafka's protocol types, because no
-client it has can make them: every other call goes through confluent-kafka's AdminClient
-(cluster id, topic ids, group descriptions, group configs) or aiokafka's own requests.
+"""The Kafka requests the engine declares itself, in aiokafka's protocol types, because
+librdkafka (confluent-kafka 2.16) cannot make them: they are the engine's only use of
+aiokafka, each sent through an aiokafka connection where it is needed. Every other call of the
+engine goes through confluent-kafka (consumers, producers, transactions, the state restore,
+topics, offsets, the cluster id and topic ids, group descriptions and configs).
 
 * ApiVersions v3 (KIP-511, KIP-584): aiokafka knows ApiVersions up to v2, which carries no
   finalized features; the worker reads `group.version` from it before it joins KIP-848 groups

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from io import BytesIO
 from typing import Any
 
-from aiokafka.client import AIOKafkaClient
+from aiokafka.client import AIOKafkaClient  # ApiVersions v3 (features): no librdkafka call
 from aiokafka.protocol.admin import ApiVersionRequest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
