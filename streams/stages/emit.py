@@ -24,8 +24,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
 from confluent_kafka import KafkaException
 
 from streams import metrics
@@ -51,6 +49,7 @@ from streams.engine.librdkafka.consumer import Unreadable, headers_unreadable
 from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.librdkafka.transactions import MemberTransactions, PartitionsMoved
 from streams.engine.outcomes import DeadLetters, RecordsRefused
+from streams.engine.records import TopicPartition
 from streams.engine.store import SWEEP_FLUSH_KEYS, Reviser, StateStore
 from streams.logs import printable
 from streams.migrations import mark_forget_at, migrated_mark
@@ -377,7 +376,7 @@ class EmitStage:
                 )
                 await self.migrate_marks(partitions)
                 break
-            except (KafkaError, KafkaException) as exc:  # Kafka away: the rest is read again
+            except KafkaException as exc:  # Kafka away: the rest is read again
                 self.progress.trouble("emit", "restore", f"restoring state failed ({exc!r})")
                 await self.progress.pause(delay)
                 delay = min(delay * 2, 5.0)
