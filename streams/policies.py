@@ -54,8 +54,3 @@ def instance_rules(instance: InstanceConfig) -> InstanceRules:
             instance.plugin(name) is not None for name in ("encryption", "compression")
         ),
     )
-
-
-def rules_by_instance(settings: Settings) -> dict[str, InstanceRules]:
-    """Every configured instance's rules by name (`settings.derived(rules_by_instance)`)."""
-    return {instance.name: instance_rules(instance) for instance in settings.instances}
