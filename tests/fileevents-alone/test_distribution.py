@@ -24,10 +24,12 @@ from fileevents.event import UTC, format_time, printable, scope  # UTC: 3.10 has
 import fileevents
 from fileevents import (
     EventContext,
+    Failure,
     FileEvent,
     FileEvents,
     MemoryDedupeStore,
     RedisDedupeStore,
+    RetryPolicy,
 )
 
 ALONE = os.environ.get("FILEEVENTS_DIST_ALONE") == "1"
@@ -262,3 +264,80 @@ async def reset_offsets(bootstrap: str, topic: str, group: str) -> None:
         await consumer.commit({partition: 0})
     finally:
         await consumer.stop()
+
+
+@pytest.mark.kafka
+def test_cancelling_run_cancels_a_handler_and_is_no_failure(bootstrap: str) -> None:
+    """Cancelled, run() cancels the handler that is running (it sees CancelledError), which
+    is neither a failure nor done: on_error gets nothing and the offset stays uncommitted.
+    Python 3.10 has no Task.cancelling(); this holds there too (processing.CLOSING)."""
+
+    async def scenario() -> None:
+        topic = await make_topic(bootstrap, partitions=1)
+        item = canonical("key", 1)
+        await produce(bootstrap, topic, [(item.key, item.model_dump_json().encode())])
+        group = f"dist-{uuid.uuid4().hex[:8]}"
+        started = asyncio.Event()
+        cancelled: list[str] = []
+        failures: list[Failure] = []
+        app = FileEvents(
+            bootstrap_servers=bootstrap,
+            topic=topic,
+            group_id=group,
+            on_error=failures.append,
+            handle_signals=False,
+        )
+
+        @app.on("*")
+        async def hang(event: FileEvent) -> None:
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(event.id)
+                raise
+
+        task = asyncio.create_task(app.run())
+        await asyncio.wait_for(started.wait(), 60)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 30)
+        assert cancelled == [item.id]
+        assert failures == []
+        assert app.outcomes["handled"] == 0
+        assert await committed(bootstrap, topic, group, 1) == 0
+
+    run(scenario)
+
+
+@pytest.mark.kafka
+def test_a_cancelled_error_a_handler_raises_is_a_failure(bootstrap: str) -> None:
+    """A CancelledError that is not run()'s (the handler raised it) fails the event like any
+    exception: on_error gets it, and with one attempt it is dead-lettered and committed."""
+
+    async def scenario() -> None:
+        topic = await make_topic(bootstrap, partitions=1)
+        item = canonical("key", 1)
+        await produce(bootstrap, topic, [(item.key, item.model_dump_json().encode())])
+        group = f"dist-{uuid.uuid4().hex[:8]}"
+        failures: list[Failure] = []
+        app = FileEvents(
+            bootstrap_servers=bootstrap,
+            topic=topic,
+            group_id=group,
+            on_error=failures.append,
+            retry=RetryPolicy(attempts=1),
+            commit_interval=timedelta(milliseconds=100),
+            handle_signals=False,
+        )
+
+        @app.on("*")
+        async def raises(event: FileEvent) -> None:
+            raise asyncio.CancelledError("not run()'s")
+
+        await run_until(app, lambda: app.outcomes["dead_lettered"] == 1)
+        assert [type(failure.error) for failure in failures] == [asyncio.CancelledError]
+        assert failures[0].final
+        assert await committed(bootstrap, topic, group, 1) == 1
+
+    run(scenario)

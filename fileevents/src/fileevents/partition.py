@@ -23,6 +23,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from fileevents.processing import CLOSING
+
 Process = Callable[[ConsumerRecord[bytes, bytes], asyncio.Event], Awaitable[bool]]
 """Handle one record; False when stopped before it was done (it must not be committed)."""
 OnDone = Callable[["PartitionState"], None]
@@ -230,7 +232,7 @@ class Dispatcher:
             # Again every second for a task still there: on Python 3.10 a cancellation that
             # lands with a handler's timeout is taken for the timeout's (processing.py).
             for task in pending:
-                task.cancel()
+                task.cancel(CLOSING)
             _, pending = await asyncio.wait(pending, timeout=1.0)
 
     async def _work(self) -> None:

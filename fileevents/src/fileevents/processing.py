@@ -83,14 +83,22 @@ class _HandlerMetrics:
         self.seconds = metrics.handler_seconds.labels(topic, group, handler)
 
 
-def _cancelled_by_others(task: asyncio.Task[Any]) -> bool:
+CLOSING = "fileevents: run() is ending"
+"""The message `Dispatcher.close` cancels its tasks with: on Python 3.10, which counts no
+cancellations, how a handler's `CancelledError` is told to be run()'s and not a failure."""
+
+
+def _cancelled_by_others(task: asyncio.Task[Any], error: asyncio.CancelledError) -> bool:
     """Whether `task` is being cancelled by someone other than the timeout watchdog (its
-    own cancellation is taken back in `_ran_out`). Python 3.10 counts no cancellations: there
-    a cancellation of `run()` that lands together with a handler's timeout is taken for the
-    timeout, and `Dispatcher.close` cancels again until its tasks have ended."""
+    own cancellation is taken back in `_ran_out`): run() ending, as opposed to a
+    `CancelledError` the handler raised or let out (a failure). Python 3.11+ counts the
+    task's cancellations; 3.10 reads the message `Dispatcher.close` cancels with, which
+    reaches the handler's `CancelledError` (a cancellation of run() that lands together with a
+    handler's timeout is taken for the timeout there, and close() cancels again until its tasks
+    have ended)."""
     if sys.version_info >= (3, 11):
         return task.cancelling() > 0
-    return False
+    return CLOSING in error.args
 
 
 class EventProcessor:
@@ -298,7 +306,7 @@ class EventProcessor:
             raise
         except asyncio.CancelledError as exc:
             ran_out = self._ran_out(task)
-            if task is None or _cancelled_by_others(task):
+            if task is None or _cancelled_by_others(task, exc):
                 raise  # we are being cancelled: the event stays uncommitted
             return _timed_out(handler, seconds) if ran_out else exc
         except BaseException as exc:
