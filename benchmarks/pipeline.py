@@ -124,7 +124,7 @@ from streams.core.records import (
 )
 from streams.core.routing import route
 from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
-from streams.stages.normalize import DECISIVE_HEADERS
+from streams.stages.normalize import DECISIVE_HEADERS, route_policy
 
 PARTITIONS = 4
 PY_SPY = Path(sys.executable).with_name("py-spy")
@@ -345,6 +345,7 @@ def expected_outputs(records: list[Raw], raw_topic: str = "raw", batch: int = 10
         config, output = worker_config(Path(tmp), "truth", raw_topic)
         settings = load_settings(config, environ={})
     dead_letter = settings.stream.dead_letter_topic
+    policy = route_policy(settings)
     outputs = Outputs()
     inputs: list[KeyedInput] = []
 
@@ -366,7 +367,7 @@ def expected_outputs(records: list[Raw], raw_topic: str = "raw", batch: int = 10
                 letter.headers = (*((name, v or b"") for name, v in headers), *added)
             take(letter)
             continue
-        for record in route(raw, key, settings).records:
+        for record in route(raw, key, policy).records:
             if record.topic == dead_letter:
                 take(record)
             else:
