@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from streams import metrics
@@ -242,7 +242,7 @@ class NormalizeStage:
         return Routed(records=[letter], dead_letter_reason=reason)
 
     def _repeated(
-        self, raw: RawRecord, key: bytes | None, headers: list[tuple[str, bytes | None]]
+        self, raw: RawRecord, key: bytes | None, headers: Sequence[tuple[str, bytes | None]]
     ) -> Routed | None:
         """A dead letter for a record that repeats a header a decision reads; else None."""
         repeated = repeated_headers(headers, DECISIVE_HEADERS)
