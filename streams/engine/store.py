@@ -42,12 +42,13 @@ them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +186,43 @@ def _ends(consumer: Consumer, places: list[tuple[str, int]]) -> dict[tuple[str, 
         )
         for place in places
     }
+
+
+@dataclass(slots=True)
+class _Restoring:
+    """What one `consume` brought of one partition being restored."""
+
+    reader: ExpiryReader | None
+    items: dict[bytes, bytes | None] = field(default_factory=dict)
+    last: int = -1
+
+
+def _restore_error(
+    message: Message, error: KafkaError, remaining: dict[tuple[str, int], int]
+) -> None:
+    """An event among the restore's records: its end (the partition leaves `remaining`),
+    a partition's error (raised), or the client's own news (logged)."""
+    place = (message.topic() or "", message.partition() or 0)
+    if error.code() == KafkaError._PARTITION_EOF:
+        # The fetch position reached the last stable offset (the message's offset).
+        if place in remaining and (message.offset() or 0) >= remaining[place]:
+            del remaining[place]
+        return
+    if error.fatal() or message.topic() is not None:
+        # A partition's error (authorization, unknown topic, an unreadable batch): its state
+        # cannot be restored, and the caller's retry says so again.
+        raise KafkaException(error)
+    # The client's own news (a broker away, reconnecting): librdkafka goes on trying.
+    log.info("restoring state: %s", error.str())
+
+
+def _fetch(
+    consumer: Consumer, places: list[tuple[str, int]]
+) -> tuple[list[Message], list[RdTopicPartition]]:
+    """One `consume` of the restore and the positions of `places` after it (blocking: one
+    thread call, so that the loop applies one batch while the next is fetched)."""
+    messages = consumer.consume(RESTORE_BATCH, RESTORE_POLL_S)
+    return messages, consumer.position([RdTopicPartition(*place) for place in places])
 
 
 class StateStore:
@@ -349,45 +387,46 @@ class StateStore:
     ) -> int:
         """Write one `consume`'s records of the partitions still being restored, one write
         batch per database with the offset reached; a partition whose end was reached is
-        taken out of `remaining`. Returns the records read."""
-        fetched: dict[tuple[str, int], list[Message]] = {}
-        for message in messages:
-            place = (message.topic() or "", message.partition() or 0)
-            error = message.error()
-            if error is None:
-                if place in remaining:
-                    fetched.setdefault(place, []).append(message)
-                continue
-            if error.code() == KafkaError._PARTITION_EOF:
-                # The fetch position reached the last stable offset (the message's offset).
-                if place in remaining and (message.offset() or 0) >= remaining[place]:
-                    del remaining[place]
-                continue
-            if error.fatal() or message.topic() is not None:
-                # A partition's error (authorization, unknown topic, an unreadable batch):
-                # its state cannot be restored, and the caller's retry says so again.
-                raise KafkaException(error)
-            # The client's own news (a broker away, reconnecting): librdkafka goes on trying.
-            log.info("restoring state: %s", error.str())
+        taken out of `remaining`. Returns the records read.
+
+        One pass, its lookups once per run of one partition's records (librdkafka hands them
+        over in such runs), not per record: the restore's own cost per record."""
+        found: dict[tuple[str, int], _Restoring] = {}
         total = 0
-        for place, records in fetched.items():
-            table, partition = places[place]
-            reader = expiry_of.get(table)
-            items: dict[bytes, bytes | None] = {}
-            for record in records:
-                key = record.key()
-                if key is None:
-                    continue
-                value = record.value()
-                if value is not None and reader is not None:
-                    expires_at = reader(value)
-                    if expires_at is not None and expires_at <= now:
-                        value = None
-                items[key] = value
-            total += len(records)
-            last = records[-1].offset() or 0
-            self.apply({(table, partition): items}, [Acknowledged(place[0], place[1], last, 1)])
-            if place in remaining and last + 1 >= remaining[place]:
+        topic: str | None = None
+        partition: int | None = None
+        current: _Restoring | None = None
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                _restore_error(message, error, remaining)
+                topic = partition = current = None  # a partition may have ended
+                continue
+            if message.topic() != topic or message.partition() != partition:
+                topic, partition = message.topic(), message.partition()
+                place = (topic or "", partition or 0)
+                current = found.get(place)
+                if current is None and place in remaining:
+                    current = found[place] = _Restoring(expiry_of.get(places[place][0]))
+            if current is None:
+                continue
+            total += 1
+            current.last = message.offset() or 0
+            key = message.key()
+            if key is None:
+                continue
+            value = message.value()
+            if value is not None and current.reader is not None:
+                expires_at = current.reader(value)
+                if expires_at is not None and expires_at <= now:
+                    value = None
+            current.items[key] = value
+        for place, restoring in found.items():
+            self.apply(
+                {places[place]: restoring.items},
+                [Acknowledged(place[0], place[1], restoring.last, 1)],
+            )
+            if place in remaining and restoring.last + 1 >= remaining[place]:
                 del remaining[place]
         return total
 
@@ -418,6 +457,7 @@ class StateStore:
             return Restored(0, 0, 0.0)
         config = restore_config(kafka, restore_group(self._changelogs))
         consumer = await asyncio.to_thread(Consumer, config)
+        fetching: asyncio.Future[tuple[list[Message], list[RdTopicPartition]]] | None = None
         total = 0
         try:
             ends = await asyncio.to_thread(_ends, consumer, list(places))
@@ -435,18 +475,26 @@ class StateStore:
             if starts:
                 await asyncio.to_thread(consumer.assign, starts)
             now = time.time()
-            while remaining:
-                messages = await asyncio.to_thread(consumer.consume, RESTORE_BATCH, RESTORE_POLL_S)
+            if remaining:
+                fetching = asyncio.ensure_future(
+                    asyncio.to_thread(_fetch, consumer, list(remaining))
+                )
+            while remaining and fetching is not None:
+                messages, positions = await fetching
+                # The next batch is fetched while this one is written (RocksDB, on the loop).
+                fetching = asyncio.ensure_future(
+                    asyncio.to_thread(_fetch, consumer, list(remaining))
+                )
                 total += self._apply_restored(messages, places, remaining, expiry_of, now)
+                for position in positions:
+                    place = (position.topic, position.partition)
+                    if position.offset >= 0 and position.offset >= remaining.get(place, 0):
+                        remaining.pop(place, None)
                 if messages:
                     await asyncio.sleep(0)  # let /metrics and heartbeats in between
-                    positions = await asyncio.to_thread(
-                        consumer.position, [RdTopicPartition(*place) for place in remaining]
-                    )
-                    for position in positions:
-                        place = (position.topic, position.partition)
-                        if position.offset >= 0 and position.offset >= remaining.get(place, 0):
-                            remaining.pop(place, None)
         finally:
+            if fetching is not None:  # the consumer is closed once no call is on it
+                with contextlib.suppress(Exception):  # its records are past the ends
+                    await fetching
             await asyncio.to_thread(consumer.close)
         return Restored(len(partitions), total, time.monotonic() - started)
