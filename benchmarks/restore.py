@@ -2,7 +2,7 @@
 
     python -m benchmarks.restore [--ids 1000000] [--partitions 4] [--ttl 24h]
                                  [--expiry-ids N] [--expiry-ttl 60s] [--sweep-interval 2]
-                                 [--keys N]
+                                 [--keys N] [--before-tree DIR [--rounds 3]]
 
 On the real broker (KAFKA_BOOTSTRAP_SERVERS, else the local broker of `make kafka`), for a
 fresh app id: create the stream's topics (`streams.engine.topics.topology`, so the `seen` changelog
@@ -44,6 +44,11 @@ partitions. Then:
    restores them into an empty state directory (timed as in 1, less the empty start), is
    stopped, and the `keys-*.db` files are summed: bytes on disk per live key, next to the
    mean changelog record (key + value) per key. Then a restart on the kept directory.
+
+`--before-tree DIR` measures only the restore (1), side by side: the worker of another source
+tree (`git archive <commit> | tar -x -C DIR`, e.g. the last commit before a change to the
+restore) and this tree's, alternating rounds of cold starts on the same changelog, each less an
+empty start of the same tree; it prints each round, the medians and their ratio.
 
 Prints its lines (`run` returns them); progress goes to stderr. The topics it created are
 deleted at the end. Other benchmarks may run on the same machine: timings are noisy. A
@@ -243,10 +248,15 @@ def memory(pid: int) -> tuple[int, int]:
 
 
 class Worker:
-    def __init__(self, bootstrap: str, config: Path, data_dir: Path, log: Path) -> None:
+    def __init__(
+        self, bootstrap: str, config: Path, data_dir: Path, log: Path, tree: Path | None = None
+    ) -> None:
+        """`tree`: run the worker of another source tree (a `git archive` of an older commit):
+        first on its PYTHONPATH, started in it; else this one's."""
         self.port = free_port()
         self.log = log
         self.data_dir = data_dir
+        self.tree = tree or ROOT
         self.env = {
             **os.environ,
             "KAFKA_BOOTSTRAP_SERVERS": bootstrap,
@@ -254,6 +264,9 @@ class Worker:
             "STREAMS_DATA_DIR": str(data_dir),
             "STREAMS_WEB_PORT": str(self.port),
         }
+        if tree is not None:
+            paths = [str(tree), str(tree / "fileevents" / "src"), os.environ.get("PYTHONPATH", "")]
+            self.env["PYTHONPATH"] = os.pathsep.join(path for path in paths if path)
         self.process: subprocess.Popen[bytes] | None = None
 
     def _status(self, path: str) -> int | None:
@@ -272,7 +285,7 @@ class Worker:
             # worker's, whose memory is read below.
             self.process = subprocess.Popen(
                 [str(FAUST), "-A", "streams", "worker", "-l", "info"],
-                cwd=ROOT,
+                cwd=self.tree,
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -636,10 +649,13 @@ def run(
     sweep_interval_s: float = 2.0,
     timeout_s: float = 900.0,
     marks: int = 0,
+    before_tree: Path | None = None,
+    rounds: int = 3,
 ) -> list[str]:
     """Measure, print and return the lines. `expiry_ids` (default `ids`) ids go through the
     TTL phase with `expiry_ttl`; 0 skips it. `marks` live keys' records go through the keys
-    phase; 0 skips it."""
+    phase; 0 skips it. `before_tree`: only the restore, side by side: `rounds` alternating
+    cold starts of that tree's worker and this one's on the same changelog (`side_by_side`)."""
     expiry_ids = ids if expiry_ids is None else expiry_ids
     workdir = Path(tempfile.mkdtemp(prefix="storage-events-restore-"))
     suffix = uuid.uuid4().hex[:8]
@@ -676,6 +692,14 @@ def run(
             fill_changelog(bootstrap, seen_topic, partitions, ids, parse_duration(ttl))
         )
         progress(f"wrote {ids:,} ids to {seen_topic} in {fill.seconds:.1f} s")
+
+        if before_tree is not None:
+            for line in side_by_side(
+                bootstrap, config, empty_config, workdir, before_tree, rounds, ids, timeout_s
+            ):
+                say(line)
+            succeeded = True
+            return lines
 
         baseline = Worker(bootstrap, empty_config, workdir / "empty-state", workdir / "e.log")
         try:
@@ -791,6 +815,44 @@ def run(
     return lines
 
 
+def side_by_side(
+    bootstrap: str,
+    config: Path,
+    empty_config: Path,
+    workdir: Path,
+    before_tree: Path,
+    rounds: int,
+    ids: int,
+    timeout_s: float,
+) -> list[str]:
+    """Restore time of `before_tree`'s worker and this tree's, alternating, each round a cold
+    start on an empty state directory less an empty-changelog start of the same tree (the
+    fixed start-up cost): ratios in one run, on a machine others share."""
+    seconds: dict[str, list[float]] = {"before": [], "after": []}
+    for round_ in range(rounds):
+        for label, tree in (("before", before_tree), ("after", None)):
+            times = []
+            for which, app_config in (("empty", empty_config), ("full", config)):
+                state = workdir / f"{label}-{which}-{round_}"
+                worker = Worker(bootstrap, app_config, state, workdir / f"{label}.log", tree)
+                try:
+                    times.append(worker.start(timeout_s).ready_s)
+                finally:
+                    worker.stop()
+                shutil.rmtree(state, ignore_errors=True)
+            seconds[label].append(times[1] - times[0])
+            progress(f"round {round_ + 1} {label}: restore {times[1] - times[0]:.2f} s")
+    before, after = (sorted(seconds[label])[len(seconds[label]) // 2] for label in seconds)
+    return [
+        f"restore of {ids:,} ids, side by side ({rounds} alternating rounds, median): "
+        f"before ({before_tree}) {before:.2f} s, after (this tree) {after:.2f} s, "
+        f"after/before {after / before:.2f}",
+        "  rounds before: " + ", ".join(f"{value:.2f}" for value in seconds["before"]),
+        "  rounds after:  " + ", ".join(f"{value:.2f}" for value in seconds["after"]),
+        f"  load average: {' '.join(f'{value:.2f}' for value in os.getloadavg())}",
+    ]
+
+
 def expiry_lines(expiry: Expiry) -> list[str]:
     ids = expiry.ids
     before, after = expiry.disk_before, expiry.disk
@@ -853,6 +915,14 @@ def main() -> None:
         default=0,
         help="live keys' records of the keys phase (default 0: skipped)",
     )
+    parser.add_argument(
+        "--before-tree",
+        type=Path,
+        default=None,
+        help="only the restore, side by side with this source tree's worker (e.g. `git archive "
+        "<commit> | tar -x -C DIR`): alternating cold starts on one changelog",
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --before-tree")
     args = parser.parse_args()
     # Stopped early: still delete the topics and stop the worker (the finally blocks).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -866,6 +936,8 @@ def main() -> None:
         sweep_interval_s=args.sweep_interval,
         timeout_s=args.timeout,
         marks=args.keys,
+        before_tree=args.before_tree,
+        rounds=args.rounds,
     )
 
 
