@@ -9,7 +9,9 @@ The same fields render
 * `librdkafka_config()`: confluent-kafka / librdkafka properties (`security.protocol`,
   `sasl.*`, `ssl.*`, `sasl.oauthbearer.*`),
 
-so no client builds its own connection settings and none can be left on PLAINTEXT.
+so no client builds its own connection settings and none can be left on PLAINTEXT. It lives in
+the fileevents distribution, which a consumer installs without the stream; the stream's
+`streams.kafka_settings` re-exports it (`faust_args` imports Faust only when called).
 
 ```toml
 [kafka]
