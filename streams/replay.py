@@ -53,7 +53,13 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from streams.config import ConfigError, Settings, load_settings
-from streams.core.records import headers_dict, json_line, parse_keyed, partition_key
+from streams.core.records import (
+    KEYED_HEAD_HEADER,
+    headers_dict,
+    json_line,
+    parse_keyed,
+    partition_key,
+)
 from streams.core.rules import accepts_source
 from streams.kafka_settings import KafkaSettings
 
@@ -148,6 +154,12 @@ def dead_letter(
     headers: Iterable[tuple[str, bytes | None]],
 ) -> DeadLetter:
     original, added = split_headers(headers)
+    if added.get("error.stage") == "emit":
+        # A keyed record's `head` is what stage two decides on (streams.core.keyedhead); a
+        # letter's head need not agree with its value. Without it, both the re-check
+        # (`Targets._instance_refusal`) and stage two read the value itself, the bytes that are
+        # republished (stage two reads a keyed record without a head from its JSON).
+        original = tuple((name, data) for name, data in original if name != KEYED_HEAD_HEADER)
     return DeadLetter(
         partition=partition,
         offset=offset,
