@@ -7,13 +7,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiokafka import TopicPartition
-
 from streams import metrics
+from streams.engine.records import TopicPartition
 
 Batch = dict[TopicPartition, list[Any]]
-"""Records (confluent_kafka.Message, as consumed: no wrapper per record) per topic partition,
-in offset order."""
+"""Records (the engine's ConsumedRecord shape: confluent_kafka.Message as consumed, or an
+Unreadable in a record's place; no wrapper per record) per topic partition, in offset order.
+`Any`, not ConsumedRecord: the stages pass them to functions typed for confluent_kafka's
+Message."""
 
 
 class StageMeter:

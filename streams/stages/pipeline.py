@@ -20,8 +20,6 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
-from aiokafka import TopicPartition
-from aiokafka.errors import KafkaError
 from prometheus_client import REGISTRY
 
 from streams import metrics
@@ -33,8 +31,9 @@ from streams.engine.librdkafka.group_config import configure_stage_groups
 from streams.engine.librdkafka.producer import RdRecordSender
 from streams.engine.librdkafka.transactions import MemberTransactions, fence_partition_ids
 from streams.engine.membership import Departure
-from streams.engine.offsets import adopt_committed_offsets
+from streams.engine.offsets import OffsetsUnavailable, adopt_committed_offsets
 from streams.engine.outcomes import DeadLetters
+from streams.engine.records import TopicPartition
 from streams.engine.store import StateStore
 from streams.engine.topics import (
     KEYS_TABLE,
@@ -265,7 +264,7 @@ class Pipeline:
                     self.settings.kafka, self.settings.stream.app_id, group, topics
                 )
                 return
-            except KafkaError as exc:
+            except OffsetsUnavailable as exc:
                 log.warning("reading committed offsets failed (%r); retrying in %.1f s", exc, delay)
                 await self.progress.pause(delay)
                 delay = min(delay * 2, 5.0)

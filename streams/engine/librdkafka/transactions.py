@@ -48,8 +48,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import TopicPartition
-from aiokafka.errors import KafkaConnectionError as FailpointError
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as RdTopicPartition
 from confluent_kafka.admin import AdminClient
@@ -57,6 +55,7 @@ from confluent_kafka.admin import AdminClient
 from streams import metrics
 from streams.core.records import OutRecord
 from streams.engine import failpoints
+from streams.engine.failpoints import FailpointError
 from streams.engine.librdkafka import settle
 from streams.engine.librdkafka.producer import (
     Round,
@@ -67,6 +66,7 @@ from streams.engine.librdkafka.producer import (
     refusal_error,
 )
 from streams.engine.outcomes import MAX_BACKOFF_S, Acknowledged, RecordsRefused, refusal_reason
+from streams.engine.records import TopicPartition
 from streams.kafka_settings import KafkaSettings
 from streams.progress import Progress
 
