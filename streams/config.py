@@ -193,6 +193,12 @@ class InstanceConfig(_Strict):
     dedupe_ttl: float = DEFAULT_DEDUPE_TTL_S
     topic: str | None = None
     stale_topic: str | None = None
+    partitions: int | None = Field(default=None, ge=1, le=10_000)
+    """The partitions of this instance's output and stale topics; unset: `stream.partitions`.
+    An emit transaction costs Kafka a produce request and a commit marker per partition it
+    writes to, so with thousands of instances few partitions each (1 for a tenant of a few
+    events per second) keep the transactions small (docs/settings.md, "Thousands of
+    instances"). Only for topics the stream creates: an existing topic keeps its count."""
     sources: tuple[str, ...] | None = None
     """The sources (streams.core.normalizers.SOURCES) whose events the instance accepts; unset:
     every source. A credential of a source not listed cannot write into the instance, even

@@ -264,13 +264,12 @@ def topology(settings: Settings) -> list[TopicSpec]:
         ),
     ]
     for instance in settings.instances:
-        specs.append(
-            TopicSpec(instance.output_topic, parts, replicas, OUTPUT_TOPIC_CONFIG, "output")
-        )
+        own = instance.partitions or parts
+        specs.append(TopicSpec(instance.output_topic, own, replicas, OUTPUT_TOPIC_CONFIG, "output"))
         specs.append(
             TopicSpec(
                 instance.stale_output_topic,
-                parts,
+                own,
                 replicas,
                 {"retention.ms": str(30 * DAY_MS), **_limit("stale")},
                 "stale",

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from support.kafka_io import produce, raw, read_topic
 from support.local_broker import PrivateBroker
 from support.payloads import s3_body, s3_record
@@ -45,7 +46,14 @@ def test_a_worker_with_a_thousand_instances_creates_its_topics_and_gets_ready(
 ) -> None:
     names = Topology()
     instances = [
-        {"name": f"tenant-{i}", "bucket": "uploads", "prefix": f"tenant-{i}", "sources": ["s3"]}
+        {
+            "name": f"tenant-{i}",
+            "bucket": "uploads",
+            "prefix": f"tenant-{i}",
+            "sources": ["s3"],
+            # What docs/settings.md advises for thousands of tenants; the first keeps the default.
+            **({"partitions": 1} if i else {}),
+        }
         for i in range(INSTANCES)
     ]
     config = names.config(instances)
@@ -70,6 +78,16 @@ def test_a_worker_with_a_thousand_instances_creates_its_topics_and_gets_ready(
     topics = 2 * INSTANCES + 6  # outputs, stales, raw, repartition, dead letter, 3 changelogs
     assert created.stdout.startswith(f"created {topics:,} topic(s): "), created.stdout
     assert "... and" in created.stdout and len(created.stdout) < 1_000, created.stdout
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    tenant = f"tenant-{INSTANCES - 1}"
+    wanted = [names.output(tenant), names.stale(tenant), names.output("tenant-0")]
+    wanted.append(f"{names.app_id}.by-key")
+    found = wait_for(  # the broker's metadata takes the new topics in a moment after creation
+        lambda: (topics := admin.list_topics(timeout=30).topics).keys() >= set(wanted) and topics,
+        30,
+        "the created topics in the broker's metadata",
+    )
+    assert [len(found[name].partitions) for name in wanted] == [1, 1, 2, 2]  # 2: the stream's
 
     worker = Worker(broker.bootstrap, config, tmp_path / "worker")
     worker.start(timeout_s=300)
