@@ -20,13 +20,10 @@ import os
 import signal
 from collections.abc import Iterable
 
-from aiokafka.errors import KafkaConnectionError
 
-
-class FailpointError(KafkaConnectionError):  # type: ignore[misc]  # aiokafka is untyped
-    """A write refused by STREAMS_UNWRITABLE_TOPIC. Derived from aiokafka's
-    KafkaConnectionError only while streams/engine/librdkafka/transactions.py catches that
-    name (requests.md: it is to catch FailpointError); nothing else of aiokafka is involved."""
+class FailpointError(Exception):
+    """A write refused by STREAMS_UNWRITABLE_TOPIC (the producers report it as librdkafka's
+    _TRANSPORT error: Kafka away)."""
 
 
 _spec = os.environ.get("STREAMS_FAILPOINT", "")

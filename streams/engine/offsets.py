@@ -15,7 +15,6 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-from aiokafka.errors import KafkaError as AiokafkaError
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as RdTopicPartition
 from confluent_kafka.admin import AdminClient
@@ -31,10 +30,8 @@ CALL_TIMEOUT_S = 15.0
 fails as when Kafka is away, and its caller retries."""
 
 
-class OffsetsUnavailable(AiokafkaError):  # type: ignore[misc]  # aiokafka is untyped
-    """Kafka did not answer an offsets request (away, or refused it). An aiokafka KafkaError
-    only until streams.stages.pipeline catches it by this name (it retries on aiokafka's
-    KafkaError today: /root/scratch/helpers/requests.md); no aiokafka client is involved."""
+class OffsetsUnavailable(Exception):
+    """Kafka did not answer an offsets request (away, or refused it): the caller retries."""
 
 
 def _admin(kafka: KafkaSettings) -> AdminClient:
