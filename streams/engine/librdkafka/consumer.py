@@ -79,9 +79,6 @@ UNRELEASED_INSTANCE_ID = KafkaError(KafkaError.UNRELEASED_INSTANCE_ID).str()
 """librdkafka's words for the broker's UNRELEASED_INSTANCE_ID, which the text of the fatal
 error it raises for it quotes (that error's code is _FATAL; confluent-kafka does not expose
 the original code)."""
-TOP_UP_S = 0.002
-"""While the loop handles a batch, how often the thread adds what arrived to the next one (it
-wakes at once when the loop takes it): the most a record waits in librdkafka's queue then."""
 REJOIN_AT_ONCE_EVERY_S = 60.0
 """A member removes its predecessor and rejoins at once at most this often; a second live
 holder of its instance id (ruled out by construction) would otherwise remove it in turn, in a
@@ -289,9 +286,6 @@ class RdBatchLoop:
         self._wake = threading.Event()
         """Set when the loop took the batch handed over, or queued a command."""
         self._handoff: list[Message | Unreadable] | None = None
-        """The batch formed for the loop and not taken yet (the thread tops it up meanwhile)."""
-        self._handing = threading.Lock()
-        """Guards `_handoff` between the thread (forming, topping up) and the loop (taking)."""
         self._arrived: asyncio.Event | None = None
         self.group_metadata: object = None
         """The consumer's group metadata as of its last fetch or rebalance (exactly-once v2)."""
@@ -443,12 +437,11 @@ class RdBatchLoop:
         )
         while not self._stopped.is_set():
             self._serve_commands()
-            waiting = self._handoff
-            if waiting is not None and len(waiting) >= self.max_records:
-                self._wake.wait(0.05)  # a full batch waits for the loop
+            if self._handoff is not None:  # the loop has not taken the last one yet
+                self._wake.wait(0.05)
                 self._wake.clear()
                 continue
-            messages = self._fetch(waiting is not None)
+            messages = self.consumer.consume(self.max_records, self.within_s)
             self.group_metadata = self.consumer.consumer_group_metadata()
             if not messages:
                 continue
@@ -460,33 +453,8 @@ class RdBatchLoop:
             ]
             if data:
                 self.answered_at = time.monotonic()
-                with self._handing:
-                    handed, self._handoff = self._handoff, (self._handoff or []) + data
-                if handed is None:
-                    self._loop.call_soon_threadsafe(self._set_arrived)
-
-    def _fetch(self, topping_up: bool) -> list[Message]:
-        """The records for the batch being formed, never waiting for more while some are there:
-        a batch goes to the loop as soon as the loop is free and a record is in (adaptive:
-        under load the loop is busy with the batch before, and the next one grows meanwhile,
-        up to `max_records`). Idle, the thread blocks up to `within_s` for the first record
-        (and hands it on with what came with it); topping up the batch the loop has not taken
-        yet, it takes what is there, then waits TOP_UP_S or until the loop takes it."""
-        if topping_up:
-            with self._handing:
-                room = self.max_records - len(self._handoff or ())
-            messages = self.consumer.consume(room, 0) if room > 0 else []
-            if not messages:
-                self._wake.wait(TOP_UP_S)
-                self._wake.clear()
-            return messages
-        messages = self.consumer.consume(self.max_records, 0)
-        if messages:
-            return messages
-        first = self.consumer.consume(1, self.within_s)
-        if not first or self.max_records == 1:
-            return first
-        return first + self.consumer.consume(self.max_records - 1, 0)
+                self._handoff = data
+                self._loop.call_soon_threadsafe(self._set_arrived)
 
     def _set_arrived(self) -> None:
         if self._arrived is not None:
@@ -720,9 +688,8 @@ class RdBatchLoop:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(arrived.wait(), 0.5)
             arrived.clear()
-            with self._handing:
-                messages, self._handoff = self._handoff or [], None
-            self._wake.set()  # the thread forms the next batch while this one is handled
+            messages, self._handoff = self._handoff or [], None
+            self._wake.set()  # the thread fetches the next batch while this one is handled
             self._raise_if_failed()
             async with self.lock:
                 if self._rewind_wanted:
