@@ -140,12 +140,16 @@ def measure(
     return load, load_cpu, build, spent / deliveries, kept
 
 
-def worker_config(instances: int, app_id: str, raw_topic: str) -> str:
+def worker_config(
+    instances: int, app_id: str, raw_topic: str, stream_lines: tuple[str, ...] = ()
+) -> str:
     """The worker's configuration: `instances` tenants (prefixes of one bucket), or for 1 one
-    instance that takes the whole bucket; topics named after the run's app id."""
+    instance that takes the whole bucket; topics named after the run's app id; `stream_lines`
+    added to its `[stream]` table (e.g. `partitions = 1`)."""
     lines = [
         f'[stream]\napp_id = "{app_id}"\nraw_topics = ["{raw_topic}"]\n'
-        f'repartition_topic = "{app_id}.by-key"\ndead_letter_topic = "{app_id}.dead-letter"\n'
+        f'repartition_topic = "{app_id}.by-key"\ndead_letter_topic = "{app_id}.dead-letter"\n',
+        *(f"{line}\n" for line in stream_lines),
     ]
     for number in range(instances):
         name = "everything" if instances == 1 else f"tenant-{number}"
@@ -175,14 +179,18 @@ def wait_until(check: Callable[[], bool], timeout_s: float, what: str, every_s: 
 
 
 def worker_run(
-    bootstrap: str, instances: int, records: list[Raw], workdir: Path
+    bootstrap: str,
+    instances: int,
+    records: list[Raw],
+    workdir: Path,
+    stream_lines: tuple[str, ...] = (),
 ) -> tuple[float, float, float, float]:
     """(create-topics s, start-up s, events/s, worker CPU µs per delivery) of a worker of
     `instances` instances on a raw topic of its own, filled with `records` before it starts."""
     app_id = f"tenants-{instances}-{uuid.uuid4().hex[:6]}"
     raw_topic = f"{app_id}.raw"
     config = workdir / f"{app_id}.toml"
-    config.write_text(worker_config(instances, app_id, raw_topic))
+    config.write_text(worker_config(instances, app_id, raw_topic, stream_lines))
     env = private_broker_env(
         bootstrap,
         STREAMS_CONFIG=str(config),
@@ -240,7 +248,7 @@ def worker_run(
         worker.stop()
 
 
-def worker_section(deliveries: int, sizes: list[int]) -> None:
+def worker_section(deliveries: int, sizes: list[int], stream_lines: tuple[str, ...] = ()) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="tenants-worker-"))
     broker = PrivateBroker(workdir / "kafka", heap="1g")
     print(f"# starting a private broker in {workdir / 'kafka'} ...", flush=True)
@@ -258,7 +266,9 @@ def worker_section(deliveries: int, sizes: list[int]) -> None:
         print("|---:|---:|---:|---:|---:|")
         rates: dict[int, float] = {}
         for size in sizes:
-            created, ready, rate, cpu = worker_run(broker.bootstrap, size, records, workdir)
+            created, ready, rate, cpu = worker_run(
+                broker.bootstrap, size, records, workdir, stream_lines
+            )
             rates[size] = rate
             print(
                 f"| {size:>9,} | {created:11.1f} s | {ready:19.1f} s | {rate:8,.0f} | "
@@ -278,15 +288,15 @@ def worker_section(deliveries: int, sizes: list[int]) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-FLOOR_BATCH = 2_000
-FLOOR_LAYOUTS = ((1, 4), (1_000, 4), (1_000, 1))
-"""(topics, partitions each): the output of 1 instance, of 1,000 at the default 4, and at 1."""
+FLOOR_LAYOUTS = ((1, 4), (100, 1), (1_000, 1), (1_000, 4))
+"""(topics, partitions each): the output of 1 instance; of 100 and 1,000 at 1 partition each,
+and of 1,000 at the default 4."""
 
 
-def floor_round(bootstrap: str, topics: list[str], seconds: float) -> dict[str, float]:
-    """One transactional producer writing FLOOR_BATCH records per transaction, spread evenly
+def floor_round(bootstrap: str, topics: list[str], seconds: float, batch: int) -> dict[str, float]:
+    """One transactional producer writing `batch` records per transaction, spread evenly
     over `topics` (keyed, so over their partitions too), for about `seconds`."""
-    from confluent_kafka import Producer
+    from confluent_kafka import KafkaException, Producer
 
     from streams.engine.librdkafka.producer import PRODUCER_CONFIG
 
@@ -296,6 +306,7 @@ def floor_round(bootstrap: str, topics: list[str], seconds: float) -> dict[str, 
         brokers = json.loads(text)["brokers"].values()
         stats["wakeups"] = sum(broker.get("wakeups", 0) for broker in brokers)
         stats["requests"] = sum(broker.get("req", {}).get("Produce", 0) for broker in brokers)
+        stats["reports"] = stats.get("reports", 0) + 1
 
     producer = Producer(
         {
@@ -306,11 +317,20 @@ def floor_round(bootstrap: str, topics: list[str], seconds: float) -> dict[str, 
             "stats_cb": on_stats,
         }
     )
-    producer.init_transactions(30)
+    deadline = time.monotonic() + 180  # a fresh broker creates its transaction log first
+    while True:
+        try:
+            producer.init_transactions(30)
+            break
+        except KafkaException as error:
+            if not error.args[0].retriable() or time.monotonic() > deadline:
+                raise
+    started = time.monotonic()
     producer.begin_transaction()  # every topic known (its metadata) before the clock starts
     for topic in topics:
         producer.produce(topic, b"warm", b"warm")
-    producer.commit_transaction(120)
+    producer.commit_transaction(900)
+    warm = time.monotonic() - started
     wait_until(lambda: producer.poll(0.1) >= 0 and "wakeups" in stats, 10, "statistics", 0.1)
     before = dict(stats)
     value = b"x" * 600
@@ -318,24 +338,27 @@ def floor_round(bootstrap: str, topics: list[str], seconds: float) -> dict[str, 
     started, cpu = time.monotonic(), time.process_time()
     while time.monotonic() - started < seconds:
         producer.begin_transaction()
-        for number in range(written, written + FLOOR_BATCH):
+        for number in range(written, written + batch):
             producer.produce(topics[number % len(topics)], value, f"key-{number}".encode())
-        producer.commit_transaction(300)
-        written += FLOOR_BATCH
+        producer.commit_transaction(900)
+        written += batch
         transactions += 1
     wall, cpu = time.monotonic() - started, time.process_time() - cpu
-    seen = stats["requests"]
-    wait_until(lambda: producer.poll(0.1) >= 0 and stats["requests"] != seen, 10, "stats", 0.1)
+    seen = stats["reports"]  # statistics taken after the last commit
+    wait_until(lambda: producer.poll(0.1) >= 0 and stats["reports"] > seen + 1, 10, "stats", 0.1)
     return {
         "records/s": written / wall,
         "transactions/s": transactions / wall,
         "requests/record": (stats["requests"] - before["requests"]) / written,
         "wakeups/record": (stats["wakeups"] - before["wakeups"]) / written,
         "cpu µs/record": cpu / written * 1e6,
+        "warm-up s": warm,
     }
 
 
-def producer_floor_section(seconds: float) -> None:
+def producer_floor_section(
+    seconds: float, batches: list[int], wanted: tuple[tuple[int, int], ...] = FLOOR_LAYOUTS
+) -> None:
     from confluent_kafka.admin import AdminClient
     from confluent_kafka.cimpl import NewTopic
 
@@ -346,40 +369,44 @@ def producer_floor_section(seconds: float) -> None:
     try:
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         layouts: dict[tuple[int, int], list[str]] = {}
-        for count, partitions in FLOOR_LAYOUTS:
+        for count, partitions in wanted:
             names = [f"floor-{count}x{partitions}.out.{number}" for number in range(count)]
             for start in range(0, count, 500):  # well under KRaft's records per request
-                batch = [NewTopic(name, partitions, 1) for name in names[start : start + 500]]
-                for future in admin.create_topics(batch, operation_timeout=60).values():
+                new = [NewTopic(name, partitions, 1) for name in names[start : start + 500]]
+                for future in admin.create_topics(new, operation_timeout=60).values():
                     future.result()
             layouts[(count, partitions)] = names
         print(
-            f"\nthe emit stage's floor: one transactional librdkafka producer, "
-            f"{FLOOR_BATCH:,} records per transaction spread over the output topics, "
-            f"{seconds:.0f} s per round, alternating"
+            "\nthe emit stage's floor: one transactional librdkafka producer, a transaction "
+            f"per batch spread over the output topics, {seconds:.0f} s per round, alternating"
         )
         print(
-            "| round | output topics x partitions | records/s | transactions/s "
-            "| ProduceRequests per record | wake-ups per record | CPU µs per record |"
+            "| round | records per transaction | output topics x partitions | records/s "
+            "| transactions/s | ProduceRequests per record | wake-ups per record "
+            "| CPU µs per record | warm-up transaction, one record per topic |"
         )
-        print("|---:|---|---:|---:|---:|---:|---:|")
-        rates: dict[tuple[int, int], float] = {}
+        print("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+        rates: dict[tuple[int, int, int], float] = {}
         for round_number in (1, 2):
-            for layout, names in layouts.items():
-                got = floor_round(broker.bootstrap, names, seconds)
-                rates[layout] = got["records/s"]
+            for batch in batches:
+                for layout, names in layouts.items():
+                    got = floor_round(broker.bootstrap, names, seconds, batch)
+                    rates[(batch, *layout)] = got["records/s"]
+                    print(
+                        f"| {round_number} | {batch:,} | {layout[0]:,} x {layout[1]} "
+                        f"| {got['records/s']:,.0f} | {got['transactions/s']:.1f} "
+                        f"| {got['requests/record']:.3f} | {got['wakeups/record']:.2f} "
+                        f"| {got['cpu µs/record']:,.1f} | {got['warm-up s']:.1f} s |",
+                        flush=True,
+                    )
+        for batch in batches:
+            one = rates[(batch, *wanted[0])]
+            for layout in wanted[1:]:
                 print(
-                    f"| {round_number} | {layout[0]:,} x {layout[1]} | {got['records/s']:,.0f} "
-                    f"| {got['transactions/s']:.1f} | {got['requests/record']:.3f} "
-                    f"| {got['wakeups/record']:.2f} | {got['cpu µs/record']:,.1f} |",
-                    flush=True,
+                    f"{batch:,} per transaction: records/s over {layout[0]:,} x {layout[1]} "
+                    f"partitions / over {wanted[0][0]:,} x {wanted[0][1]}: "
+                    f"{rates[(batch, *layout)] / one:.3f}x (round 2)"
                 )
-        one = rates[FLOOR_LAYOUTS[0]]
-        for layout in FLOOR_LAYOUTS[1:]:
-            print(
-                f"records/s over {layout[0]:,} x {layout[1]} partitions / over 1 x 4: "
-                f"{rates[layout] / one:.3f}x (round 2)"
-            )
     finally:
         broker.stop()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -393,9 +420,23 @@ def main() -> None:
     parser.add_argument("--worker-deliveries", type=int, default=20_000)
     parser.add_argument("--worker-sizes", default="1,1000")
     parser.add_argument(
+        "--worker-stream",
+        action="append",
+        default=[],
+        help="a TOML line for the workers' [stream] table, e.g. 'partitions = 1' (repeatable)",
+    )
+    parser.add_argument(
         "--producer-floor", action="store_true", help="also the emit stage's producer floor"
     )
-    parser.add_argument("--floor-seconds", type=float, default=8.0)
+    parser.add_argument("--floor-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--floor-layouts",
+        default=",".join(f"{count}x{partitions}" for count, partitions in FLOOR_LAYOUTS),
+        help="output topics x partitions each, comma-separated; the first is the reference",
+    )
+    parser.add_argument(
+        "--floor-batches", default="2000,20000", help="records per transaction, comma-separated"
+    )
     args = parser.parse_args()
     finish_on_sigterm()
     # A topic just created has no leader for a moment: aiokafka's producer retries, saying so.
@@ -431,9 +472,14 @@ def main() -> None:
         )
     if args.worker:
         sizes = [int(size) for size in args.worker_sizes.split(",")]
-        worker_section(args.worker_deliveries, sizes)
+        worker_section(args.worker_deliveries, sizes, tuple(args.worker_stream))
     if args.producer_floor:
-        producer_floor_section(args.floor_seconds)
+        batches = [int(batch) for batch in args.floor_batches.split(",")]
+        layouts = tuple(
+            (int(count), int(partitions))
+            for count, partitions in (one.split("x") for one in args.floor_layouts.split(","))
+        )
+        producer_floor_section(args.floor_seconds, batches, layouts)
 
 
 if __name__ == "__main__":
