@@ -114,7 +114,9 @@ OUTCOME_COUNTERS = {"emitted": EMITTED, "duplicate": DUPLICATES, "stale": STALE}
 STAGE_SECONDS = Counter(
     "storage_events_stage_seconds",
     "Wall-clock time of each stage's loop by phase: waiting for records (fetch), deciding and "
-    "writing a batch until Kafka acknowledged it (handle), committing offsets (commit)",
+    "writing a batch until Kafka acknowledged it (handle), committing offsets (commit); for "
+    "stage emit also its transactions' phases: producing (txn-produce), "
+    "send_offsets_to_transaction (txn-offsets), commit_transaction (txn-commit)",
     ["stage", "phase"],
 )
 STAGE_BATCHES = Counter("storage_events_stage_batches", "Batches handled per stage", ["stage"])
