@@ -63,6 +63,7 @@ import contextlib
 import datetime
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -815,6 +816,12 @@ def run(
     return lines
 
 
+RESTORED_LINE = re.compile(
+    r"state of \d+ partitions restored: [1-9]\d* changelog records in ([\d.]+) s"
+)
+"""The emit stage's log line of a restore that read records (streams.stages.emit): its time."""
+
+
 def side_by_side(
     bootstrap: str,
     config: Path,
@@ -829,26 +836,42 @@ def side_by_side(
     start on an empty state directory less an empty-changelog start of the same tree (the
     fixed start-up cost): ratios in one run, on a machine others share."""
     seconds: dict[str, list[float]] = {"before": [], "after": []}
+    logged: dict[str, list[float]] = {"before": [], "after": []}
     for round_ in range(rounds):
         for label, tree in (("before", before_tree), ("after", None)):
             times = []
+            log = workdir / f"{label}.log"
             for which, app_config in (("empty", empty_config), ("full", config)):
                 state = workdir / f"{label}-{which}-{round_}"
-                worker = Worker(bootstrap, app_config, state, workdir / f"{label}.log", tree)
+                worker = Worker(bootstrap, app_config, state, log, tree)
                 try:
                     times.append(worker.start(timeout_s).ready_s)
                 finally:
                     worker.stop()
                 shutil.rmtree(state, ignore_errors=True)
             seconds[label].append(times[1] - times[0])
-            progress(f"round {round_ + 1} {label}: restore {times[1] - times[0]:.2f} s")
-    before, after = (sorted(seconds[label])[len(seconds[label]) // 2] for label in seconds)
+            found = RESTORED_LINE.findall(log.read_text(errors="replace"))
+            logged[label].append(float(found[-1]) if found else float("nan"))
+            progress(
+                f"round {round_ + 1} {label}: restore {times[1] - times[0]:.2f} s "
+                f"(worker log: {logged[label][-1]:.2f} s)"
+            )
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
+    before, after = (median(seconds[label]) for label in seconds)
+    before_logged, after_logged = (median(logged[label]) for label in logged)
     return [
         f"restore of {ids:,} ids, side by side ({rounds} alternating rounds, median): "
         f"before ({before_tree}) {before:.2f} s, after (this tree) {after:.2f} s, "
         f"after/before {after / before:.2f}",
         "  rounds before: " + ", ".join(f"{value:.2f}" for value in seconds["before"]),
         "  rounds after:  " + ", ".join(f"{value:.2f}" for value in seconds["after"]),
+        f"  the restore alone (the worker's log line, median): before {before_logged:.2f} s, "
+        f"after {after_logged:.2f} s, after/before {after_logged / before_logged:.2f}",
+        "  logged before: " + ", ".join(f"{value:.2f}" for value in logged["before"]),
+        "  logged after:  " + ", ".join(f"{value:.2f}" for value in logged["after"]),
         f"  load average: {' '.join(f'{value:.2f}' for value in os.getloadavg())}",
     ]
 

@@ -72,6 +72,9 @@ RESTORE_POLL_S = 0.05
 """How long one `consume` of the restore collects records: librdkafka's consume returns when
 it has RESTORE_BATCH records or this time passed (rdkafka_queue.c), so it is also what the
 restore may wait after its last record before it sees the partition's end."""
+RESTORE_FETCH_BACKOFF_MS = 10
+"""How long librdkafka postpones a partition's next fetch while its queue holds more than
+queued.min.messages: short, so that a drained queue is fetched again at once."""
 RESTORE_CALL_TIMEOUT_S = 30.0
 """One ListOffsets (the changelogs' ends) answered within this, or the restore fails and its
 caller retries, as for any other Kafka error."""
@@ -161,6 +164,10 @@ def restore_config(kafka: KafkaSettings | str, group: str) -> dict[str, Any]:
         "max.partition.fetch.bytes": 2 * 1024 * 1024,
         "fetch.max.bytes": 8 * 1024 * 1024,
         "receive.message.max.bytes": 8 * 1024 * 1024 + 512,  # at least fetch.max.bytes + 512
+        # A partition's queue past queued.min.messages (100,000) postpones its next fetch by
+        # this (librdkafka's default: 1 s); the restore drains such a queue in well under
+        # that, then sat idle waiting for the rest (runs of empty `consume`s in the worker).
+        "fetch.queue.backoff.ms": RESTORE_FETCH_BACKOFF_MS,
         "logger": librdkafka_log(),  # its lines through the log, never raw on stderr
     }
 

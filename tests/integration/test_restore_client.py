@@ -9,6 +9,7 @@ ends with a commit marker (no record at the end offset) is finished, not waited 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from streams.engine.store import RESTORE_GROUP, StateStore, restore_group
+from streams.engine.store import RESTORE_GROUP, StateStore, restore_config, restore_group
 
 pytestmark = pytest.mark.kafka
 
@@ -106,3 +107,55 @@ def test_the_restore_names_the_apps_own_group() -> None:
         "my-app"
     )
     assert restore_group({"seen": "elsewhere"}) == RESTORE_GROUP
+
+
+def test_a_restore_cancelled_midway_leaves_its_offsets_and_the_next_one_reads_the_rest(
+    kafka_bootstrap: str, changelog: str, tmp_path: Path
+) -> None:
+    """The restore's batches are consumed and written in a thread: cancelling it waits for
+    the call in flight (the consumer is closed once no call is on it, the database written
+    with the offset its batch reached), and the next restore reads from there."""
+    producer = Producer(
+        {
+            "bootstrap.servers": kafka_bootstrap,
+            "linger.ms": 50,
+            "queue.buffering.max.messages": 1_000_000,
+        }
+    )
+    count = 200_000
+    for index in range(count):
+        producer.produce(changelog, b"v%d" % index, b"k%d" % index, partition=0)
+        if index % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+    store = StateStore(tmp_path, {"seen": changelog})
+
+    def written() -> int | None:
+        """The offset the store recorded; None until the restore opened its database."""
+        with contextlib.suppress(KeyError):
+            return store.changelog_offset("seen", 0)
+        return None
+
+    async def cancel_midway() -> None:
+        task = asyncio.ensure_future(store.restore(kafka_bootstrap, [0], {}))
+        async with asyncio.timeout(RESTORE_LIMIT_S):
+            while not task.done() and written() is None:
+                await asyncio.sleep(0.001)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_midway())
+    reached = store.changelog_offset("seen", 0)
+    assert reached is not None
+    assert restore(store, kafka_bootstrap) == count - 1 - reached
+    assert store.changelog_offset("seen", 0) == count - 1
+    assert len(store.entries("seen", 0, count + 1)) == count
+    store.close()
+
+
+def test_the_restore_fetches_a_drained_partition_again_at_once() -> None:
+    """librdkafka postpones a partition's next fetch by fetch.queue.backoff.ms (1 s by
+    default) once its queue holds queued.min.messages; the restore drains that in a fraction
+    of it, and sat idle (runs of empty consumes in the worker) without a short backoff."""
+    assert restore_config("localhost:9092", "app")["fetch.queue.backoff.ms"] <= 50
