@@ -211,6 +211,8 @@ def test_one_fetch_is_bounded_from_the_raw_topics_limit() -> None:
     }
     bounded = consumer_config({}, **common, max_record_bytes=RAW_MAX_MESSAGE_BYTES)
     assert bounds.items() <= bounded.items()
+    # A full queue postpones the next fetch by 10 ms, not librdkafka's default second.
+    assert bounded["fetch.queue.backoff.ms"] == 10
     assert "receive.message.max.bytes" not in consumer_config({}, **common)
 
 

@@ -109,6 +109,7 @@ def consumer_config(
         "auto.offset.reset": "earliest",
         "isolation.level": "read_committed",
         "max.partition.fetch.bytes": 4 * 1024 * 1024,
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
         "group.protocol": group_protocol,
     }
     if max_record_bytes is not None:
@@ -121,6 +122,13 @@ def consumer_config(
         config["heartbeat.interval.ms"] = int(session_timeout_s * 1000 / 5)
     return config
 
+
+FETCH_QUEUE_BACKOFF_MS = 10
+"""How long librdkafka postpones a partition's next fetch once the member's queue holds more
+than `queued.max.messages.kbytes` (librdkafka's default: 1,000 ms, CONFIGURATION.md). The
+stages bound that queue to a few records' worth (`fetch_bounds`), so a stage catching up on a
+backlog fills it at every fetch; with the default it then sat idle for up to a second after
+draining it (the state restore did: streams.engine.store RESTORE_FETCH_BACKOFF_MS)."""
 
 HEADROOM_BYTES = 64 * 1024
 """Above a topic's max.message.bytes: a record batch's own framing around its largest record."""
