@@ -11,9 +11,10 @@ another broker than the stack's does not take the stack's ports either.
 
 Standard library only: `make send` runs it with the system Python, before any virtualenv.
 
-This is fileevents' copy of the storage-events repository's streams/localstack.py (which
-stays there, for `make send`'s system Python): the consumer reads the stack's record with it
-without the stream installed. The two read and write one format.
+This is THE module: the consumer reads the stack's record with it without the stream
+installed, and the storage-events repository's streams/localstack.py re-exports it (for the
+stream's commands and the dev scripts; `make send`'s system Python imports it from the
+checkout's fileevents/src), so the writer and every reader share one format by construction.
 """
 
 from __future__ import annotations
