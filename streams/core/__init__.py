@@ -11,8 +11,9 @@ tested without a broker:
 * `keystate`, `state`: a key's state record, and the state's tables, keys and reader (what
   earlier releases wrote is read by streams.migrations, around that reader);
 * `ordering`: the per-key sequencer comparison and ordering marks;
-* `records`, `event`, `delivery`, `schema`, `partitioning`: the records and event they
-  work on, and the partition a key lands on (the Java client's murmur2).
+* `records`, `keyedhead`, `event`, `delivery`, `schema`, `partitioning`: the records and
+  event they work on (a keyed record's head: what stage two decides on), and the partition a
+  key lands on (the Java client's murmur2).
 
 They take small frozen policies built once from the settings (streams.policies,
 streams.stages.normalize), never the settings module, and import nothing of streams.engine or
