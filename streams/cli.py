@@ -20,12 +20,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from streams.config import ConfigError, load_settings
 from streams.core.delivery import Delivery
@@ -33,6 +33,9 @@ from streams.core.normalizers import MalformedDelivery, normalize
 from streams.core.records import json_line
 from streams.core.rules import Filtered, apply_instance
 from streams.kafka_settings import KafkaAccessError, KafkaSettings
+
+if TYPE_CHECKING:
+    from streams.reader import BrokerWatch
 
 FILTER_REASONS = {
     "source": "the instance does not list this provider in its `sources`",
@@ -186,16 +189,18 @@ def shown_headers(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str 
     }
 
 
-def tail_line(message: Any, headers: bool) -> str:
-    """What `tail` prints of a record: its JSON value on one line (as text when it is not
-    JSON); with `headers`, `{"headers": ..., "event": ...}`."""
-    value = message.value or b""
+def tail_line(record: Any, headers: bool) -> str:
+    """What `tail` prints of a record (streams.reader.ReadRecord): its JSON value on one line
+    (as text when it is not JSON); with `headers`, `{"headers": ..., "event": ...}` (headers
+    null when they cannot be read: `tail` says why on stderr)."""
+    value = record.value or b""
     try:
         shown: Any = json.loads(value)
     except ValueError:
         shown = value.decode("utf-8", errors="replace")
     if headers:
-        shown = {"headers": shown_headers(message.headers), "event": shown}
+        readable = getattr(record, "unreadable", None) is None
+        shown = {"headers": shown_headers(record.headers) if readable else None, "event": shown}
     return shown if isinstance(shown, str) else json_line(shown)
 
 
@@ -212,40 +217,22 @@ def where_the_stack_is(bootstrap: str) -> str:
     return ""
 
 
-def _said_below(record: logging.LogRecord) -> bool:
-    """aiokafka's lines for what `_tail` says itself: a refused topic, no broker at start."""
-    message = record.getMessage()
-    return not (
-        "is not authorized for this client" in message or message.startswith('Unable connect to "')
-    )
-
-
-def refused_read(kafka: KafkaSettings, topic: str) -> str:
-    """One line: the ACLs do not let this principal read `topic`."""
-    who = "this client"
-    if kafka.sasl_username:
-        who = f"KAFKA_SASL_USERNAME (kafka.sasl_username)={kafka.sasl_username!r}"
-    elif kafka.ssl_cert_location:
-        who = f"the certificate of KAFKA_SSL_CERT_LOCATION ({kafka.ssl_cert_location})"
-    return (
-        f"Kafka refuses {who} reading {topic} (TopicAuthorizationFailed: no ACL allows it); "
-        "a principal that may: `python -m streams acls --component consumer --principal ...`"
-    )
-
-
 DEAD_LETTER_PREVIEW_BYTES = 80
 
 
-def dead_letter_line(message: Any) -> str:
-    """One line per dead letter: when, which stage refused it, where it came from, why, and
-    the start of its bytes (escaped: a dead letter is hostile input)."""
+def dead_letter_line(record: Any) -> str:
+    """One line per dead letter (streams.reader.ReadRecord): when, which stage refused it,
+    where it came from, why, and the start of its bytes (escaped: a dead letter is hostile
+    input). A record whose headers cannot be read says so in place of the reason."""
     from streams.logs import printable
 
     found = {
-        name: (value or b"").decode("utf-8", errors="replace") for name, value in message.headers
+        name: (value or b"").decode("utf-8", errors="replace") for name, value in record.headers
     }
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(message.timestamp / 1000))
-    value = message.value or b""
+    unreadable = getattr(record, "unreadable", None)
+    reason = unreadable if unreadable is not None else found.get("error", "(no reason)")
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.timestamp / 1000))
+    value = record.value or b""
     body = repr(value[:DEAD_LETTER_PREVIEW_BYTES])[1:] + (
         "..." if len(value) > DEAD_LETTER_PREVIEW_BYTES else ""
     )
@@ -253,14 +240,35 @@ def dead_letter_line(message: Any) -> str:
         f"{name} {printable(found[name])}" for name in ("source", "transport") if name in found
     )
     return (
-        f"{when} {message.topic}[{message.partition}]@{message.offset} "
+        f"{when} {record.topic}[{record.partition}]@{record.offset} "
         f"{printable(found.get('error.stage', '?'))}"
-        f"{f' ({origin})' if origin else ''}: {printable(found.get('error', '(no reason)'))}"
+        f"{f' ({origin})' if origin else ''}: {printable(reason)}"
         f" | {len(value)} bytes: {body}"
     )
 
 
-async def _tail(
+TAIL_BATCH = 500
+"""Records one `consume` hands over at most, of those fetched already (it does not wait)."""
+TAIL_WAIT_S = 0.5
+"""How long the tail waits for a record at a time when none is fetched: the bound on how late
+Ctrl-C, `--timeout` and a topic created meanwhile are noticed."""
+TOPIC_REFRESH_S = 5.0
+"""How often the tail looks for its topic while it does not exist, and for new partitions."""
+
+
+@dataclass(slots=True)
+class _Tailing:
+    """What one tail assigned, and what it still has to print of before it started."""
+
+    topic: str
+    assigned: set[int] = field(default_factory=set)
+    earlier: dict[int, int] = field(default_factory=dict)
+    """Partition -> its end when the tail started, until the tail reached it."""
+    errors: set[str] = field(default_factory=set)
+    """Partition errors said once (on stderr) already."""
+
+
+def _tail(
     kafka: KafkaSettings | str,
     topic: str,
     from_beginning: bool,
@@ -270,84 +278,174 @@ async def _tail(
     line: Callable[[Any], str] | None = None,
     what: str = "event(s)",
 ) -> int:
-    from aiokafka import AIOKafkaConsumer
-    from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
+    """Print `topic`'s records as they come (`line`, else `tail_line`) until `count` of them
+    or `timeout_s`; 0 when `count` was reached (or none was asked), else 1. Blocking, each
+    call bounded (streams.reader), so that Ctrl-C (KeyboardInterrupt) stops it at once."""
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer
 
     from streams.kafka_settings import require_access
+    from streams.reader import (
+        CALL_TIMEOUT_S,
+        BrokerWatch,
+        NoBroker,
+        TopicRefused,
+        partitions_of,
+        read_record,
+        reader_config,
+        watermarks,
+    )
 
     kafka = KafkaSettings.of(kafka)
-    # A refusal or no broker is said once, below (naming the principal, or where a running
-    # stack is): not also as aiokafka's lines.
-    for name in ("aiokafka", "aiokafka.client", "aiokafka.cluster"):
-        logging.getLogger(name).addFilter(_said_below)
-    await require_access(kafka)  # a refused password or certificate: one line, exit 2
-    consumer = AIOKafkaConsumer(
-        topic,
-        **kafka.aiokafka_args(),
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest" if from_beginning else "latest",
-        isolation_level="read_committed",  # exactly_once writes outputs in transactions
-    )
+    asyncio.run(require_access(kafka))  # a refused password or certificate: one line, exit 2
+    watch = BrokerWatch()
+    consumer = Consumer(reader_config(kafka, "storage-events-tail", watch))
+    tailing = _Tailing(topic)
     try:
-        await consumer.start()
-    except TopicAuthorizationFailedError:
-        await consumer.stop()
-        raise KafkaAccessError(refused_read(kafka, topic)) from None
-    except KafkaConnectionError:
-        await consumer.stop()
-        raise UsageError(
-            f"no Kafka answers at {kafka.bootstrap_servers} (KAFKA_BOOTSTRAP_SERVERS)"
-            f"{where_the_stack_is(kafka.bootstrap_servers)}"
-        ) from None
-    printed = 0
-    try:
-        # What was there before this tail started, so that old and new events can be told
-        # apart: once those are printed, one line on stderr says how many they were.
-        earlier = await _end_offsets(consumer, topic) if from_beginning else {}
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + timeout_s
+        try:
+            partitions = partitions_of(consumer, kafka, topic, watch, CALL_TIMEOUT_S)
+        except NoBroker:
+            raise UsageError(
+                f"no Kafka answers at {kafka.bootstrap_servers} (KAFKA_BOOTSTRAP_SERVERS)"
+                f"{where_the_stack_is(kafka.bootstrap_servers)}"
+            ) from None
+        except TopicRefused as exc:
+            raise KafkaAccessError(str(exc)) from None
+        if from_beginning and partitions:
+            # What was there before this tail started, so that old and new events can be
+            # told apart: once those are printed, one line on stderr says how many they were.
+            tailing.earlier = {
+                partition: end
+                for partition, (low, end) in watermarks(consumer, topic, partitions).items()
+                if end > low
+            }
+        _assign(consumer, tailing, partitions, OFFSET_BEGINNING if from_beginning else OFFSET_END)
+        marker_due = from_beginning and bool(partitions)
+        printed = 0
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        refresh_at = time.monotonic() + TOPIC_REFRESH_S
         while count is None or printed < count:
-            wait_ms = 1000 if deadline is None else int(max(0.0, deadline - loop.time()) * 1000)
-            if deadline is not None and wait_ms == 0:
-                break
-            batches = await consumer.getmany(timeout_ms=min(wait_ms, 1000))
-            for messages in batches.values():
-                for message in messages:
-                    text = line(message) if line is not None else tail_line(message, headers)
-                    print(text, flush=True)
-                    printed += 1
-            if earlier and await _reached(consumer, earlier):
+            wait_s = TAIL_WAIT_S
+            if deadline is not None:
+                wait_s = min(wait_s, deadline - time.monotonic())
+                if wait_s <= 0:
+                    break
+            wanted = TAIL_BATCH if count is None else min(TAIL_BATCH, count - printed)
+            messages = consumer.consume(wanted, 0) or [
+                message for message in (consumer.poll(wait_s),) if message is not None
+            ]
+            for message in messages:
+                if message.error() is not None:
+                    _tail_error(consumer, kafka, tailing, message)
+                    continue
+                watch.answered()
+                record = read_record(message)
+                if headers and record.unreadable is not None:
+                    print(f"# {record.unreadable}", file=sys.stderr, flush=True)
+                print(line(record) if line is not None else tail_line(record, headers), flush=True)
+                printed += 1
+                _passed(tailing, message.partition() or 0, (message.offset() or 0) + 1)
+                if count is not None and printed >= count:
+                    break
+            if marker_due and not tailing.earlier:
                 print(
                     f"# {printed} earlier {what} above, from before this tail started; "
                     "new ones follow (--from-end: only new ones)",
                     file=sys.stderr,
                     flush=True,
                 )
-                earlier = {}
+                marker_due = False
+            _say_broker_news(watch, kafka)
+            if time.monotonic() >= refresh_at:
+                refresh_at = time.monotonic() + TOPIC_REFRESH_S
+                _more_partitions(consumer, kafka, tailing, watch)
     finally:
-        await consumer.stop()
+        consumer.close()
     return 0 if count is None or printed >= count else 1
 
 
-async def _end_offsets(consumer: Any, topic: str) -> dict[Any, int]:
-    """The topic's end offsets now (committed records only, as the consumer reads them); empty
-    when the topic does not exist yet."""
-    from aiokafka import TopicPartition
+def _assign(consumer: Any, tailing: _Tailing, partitions: Iterable[int], offset: int) -> None:
+    """Assign the partitions of `partitions` not assigned yet, each from `offset`."""
+    from confluent_kafka import TopicPartition as RdTopicPartition
 
-    partitions = consumer.partitions_for_topic(topic) or set()
-    if not partitions:
-        return {}
-    ends = await consumer.end_offsets([TopicPartition(topic, p) for p in partitions])
-    return {partition: int(offset) for partition, offset in ends.items()}
+    new = sorted(set(partitions) - tailing.assigned)
+    if new:
+        consumer.incremental_assign([RdTopicPartition(tailing.topic, p, offset) for p in new])
+        tailing.assigned.update(new)
 
 
-async def _reached(consumer: Any, ends: dict[Any, int]) -> bool:
-    """True once the consumer's position is at or past `ends` on every partition."""
-    for partition, end in ends.items():
-        if partition not in consumer.assignment() or await consumer.position(partition) < end:
-            return False
-    return True
+def _passed(tailing: _Tailing, partition: int, position: int) -> None:
+    """The tail's position on `partition` is `position`: past its start's end, or not yet."""
+    end = tailing.earlier.get(partition)
+    if end is not None and position >= end:
+        del tailing.earlier[partition]
+
+
+def _tail_error(consumer: Any, kafka: KafkaSettings, tailing: _Tailing, message: Any) -> None:
+    """A partition's event among the records: its end reached, a record librdkafka cannot
+    read (said on stderr, stepped past), a refusal (raised), or another error (said once)."""
+    from confluent_kafka import KafkaError
+    from confluent_kafka import TopicPartition as RdTopicPartition
+
+    from streams.engine.librdkafka.consumer import UNREADABLE_ERRORS
+
+    error = message.error()
+    partition, offset = message.partition() or 0, message.offset()
+    if error.code() == KafkaError._PARTITION_EOF:
+        # The fetch position reached the last stable offset (the message's offset).
+        _passed(tailing, partition, offset or 0)
+        return
+    if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        from streams.reader import refused_read
+
+        raise KafkaAccessError(refused_read(kafka, tailing.topic))
+    if error.fatal():
+        raise UsageError(f"Kafka at {kafka.bootstrap_servers}: {error.str()}")
+    if error.code() in UNREADABLE_ERRORS and message.topic() and offset is not None and offset >= 0:
+        print(
+            f"# the record at {message.topic()}[{partition}]@{offset} cannot be read "
+            f"({error.str()}): skipped",
+            file=sys.stderr,
+            flush=True,
+        )
+        consumer.seek(RdTopicPartition(message.topic(), partition, offset + 1))
+        _passed(tailing, partition, offset + 1)
+        return
+    said = f"{message.topic() or kafka.bootstrap_servers}: {error.str()}"
+    if said not in tailing.errors:
+        tailing.errors.add(said)
+        print(f"# {said}", file=sys.stderr, flush=True)
+
+
+def _say_broker_news(watch: BrokerWatch, kafka: KafkaSettings) -> None:
+    """Once per outage: no broker answers now (the tail goes on waiting for them); a fatal
+    error of the client stops the tail."""
+    if watch.all_down and not watch.said_down:
+        print(
+            f"# no Kafka answers at {kafka.bootstrap_servers} now: waiting for it (Ctrl-C to stop)",
+            file=sys.stderr,
+            flush=True,
+        )
+        watch.said_down = True
+    if watch.fatal is not None:
+        raise UsageError(f"Kafka at {kafka.bootstrap_servers}: {watch.fatal.str()}")
+
+
+def _more_partitions(
+    consumer: Any, kafka: KafkaSettings, tailing: _Tailing, watch: BrokerWatch
+) -> None:
+    """Assign the topic's partitions that appeared since (the topic created after the tail
+    started, or partitions added to it): from their beginning, as all they hold is new."""
+    from confluent_kafka import OFFSET_BEGINNING
+
+    from streams.reader import NoBroker, TopicRefused, partitions_of
+
+    try:
+        partitions = partitions_of(consumer, kafka, tailing.topic, watch, 1.0)
+    except NoBroker:
+        return  # said by _say_broker_news; looked for again at the next refresh
+    except TopicRefused as exc:
+        raise KafkaAccessError(str(exc)) from None
+    _assign(consumer, tailing, partitions, OFFSET_BEGINNING)
 
 
 def command_tail(args: argparse.Namespace) -> int:
@@ -357,15 +455,8 @@ def command_tail(args: argparse.Namespace) -> int:
         f"# tailing {topic} on {settings.kafka.bootstrap_servers} (Ctrl-C to stop)", file=sys.stderr
     )
     try:
-        return asyncio.run(
-            _tail(
-                settings.kafka,
-                topic,
-                not args.from_end,
-                args.count,
-                args.timeout,
-                args.headers,
-            )
+        return _tail(
+            settings.kafka, topic, not args.from_end, args.count, args.timeout, args.headers
         )
     except KeyboardInterrupt:
         return 0
@@ -381,16 +472,14 @@ def command_dead_letters(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     try:
-        return asyncio.run(
-            _tail(
-                settings.kafka,
-                topic,
-                not args.from_end,
-                args.count,
-                args.timeout,
-                line=dead_letter_line,
-                what="dead letter(s)",
-            )
+        return _tail(
+            settings.kafka,
+            topic,
+            not args.from_end,
+            args.count,
+            args.timeout,
+            line=dead_letter_line,
+            what="dead letter(s)",
         )
     except KeyboardInterrupt:
         return 0
