@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -67,10 +68,16 @@ ADDED_HEADERS = frozenset({"error", "error.stage", "error.topic"})
 """The headers `dead_letter_record` adds to a delivery; everything else is the original."""
 
 READ_TIMEOUT_S = 60.0
+FLUSH_ON_STOP_S = 10.0
+"""How long a replay stopped by Ctrl-C waits for Kafka to acknowledge what it sent."""
 
 
 class ReplayError(Exception):
     """The replay cannot run (unknown topic, broker unreachable); printed as one line."""
+
+
+class Interrupted(ReplayError):
+    """Ctrl-C stopped the replay; the message is the summary so far."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +115,15 @@ class Summary:
     replayed: int = 0
     not_matching: int = 0
     no_destination: int = 0
+    unreadable: int = 0
+    """Letters whose record or headers could not be read (a header name not UTF-8)."""
     refused: dict[str, int] = field(default_factory=dict)
     """Why matching letters were not replayed to their own `error.topic` -> how many."""
     destinations: dict[str, int] = field(default_factory=dict)
 
     @property
     def skipped(self) -> int:
-        return self.no_destination + sum(self.refused.values())
+        return self.no_destination + self.unreadable + sum(self.refused.values())
 
     def line(self, source_topic: str, dry_run: bool) -> str:
         verb = "would replay" if dry_run else "replayed"
@@ -127,6 +136,8 @@ class Summary:
             text += f"; {self.not_matching} not matching --match-error"
         if self.no_destination:
             text += f"; {self.no_destination} skipped: no error.topic header and no --to"
+        if self.unreadable:
+            text += f"; {self.unreadable} skipped: not readable (a header name not UTF-8)"
         for why, n in sorted(self.refused.items()):
             text += f"; {n} skipped: {why} (name a target with --to)"
         return text
@@ -226,7 +237,7 @@ class Targets:
         return None
 
 
-async def replay_dead_letters(
+def replay_dead_letters(
     kafka: KafkaSettings | str,
     from_topic: str,
     to_topic: str | None = None,
@@ -241,67 +252,86 @@ async def replay_dead_letters(
     """Read `from_topic` to its current end and republish (or, dry, print) what is selected.
 
     Raises ReplayError when the topic does not exist, the broker cannot be reached or refuses
-    the credentials (naming the setting), or Kafka did not acknowledge a republished record
-    (the summary so far is in the message). `settings` (default: the defaults) says which
-    targets a letter may name without `to_topic` (`Targets`).
+    the credentials (naming the setting) or the topic, or Kafka did not acknowledge a
+    republished record (the summary so far is in the message). `settings` (default: the
+    defaults) says which targets a letter may name without `to_topic` (`Targets`). Blocking,
+    each call bounded, so that Ctrl-C (KeyboardInterrupt) stops it; what was handed to the
+    producer by then is flushed first (for a few seconds at most).
     """
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-    from aiokafka.errors import KafkaError
+    from confluent_kafka import Consumer, KafkaException, Producer
 
-    from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
     from streams.kafka_settings import check_access
+    from streams.reader import (
+        CALL_TIMEOUT_S,
+        BrokerWatch,
+        NoBroker,
+        TopicRefused,
+        partitions_of,
+        reader_config,
+    )
 
     kafka = KafkaSettings.of(kafka)
     bootstrap_servers = kafka.bootstrap_servers
-    problem = await check_access(kafka)
+    problem = asyncio.run(check_access(kafka))
     if problem is not None:
         raise ReplayError(problem[0])
     targets = Targets(settings if settings is not None else Settings(), from_topic)
     selection = Selection(to_topic, limit, match_error, targets)
-    consumer = AIOKafkaConsumer(
-        **kafka.aiokafka_args(),
-        client_id="storage-events-replay",
-        group_id=None,
-        enable_auto_commit=False,
-        isolation_level="read_committed",
-        max_partition_fetch_bytes=RAW_MAX_MESSAGE_BYTES + 64 * 1024,
-    )
-    producer: Any = None
+    watch = BrokerWatch()
+    consumer = Consumer(reader_config(kafka, "storage-events-replay", watch))
+    republisher: _Republisher | None = None
     try:
-        partitions = await _partitions(kafka, from_topic)
+        try:
+            partitions = partitions_of(consumer, kafka, from_topic, watch, CALL_TIMEOUT_S)
+        except NoBroker:
+            raise ReplayError(f"{from_topic}: no Kafka answers at {bootstrap_servers}") from None
+        except TopicRefused as exc:
+            raise ReplayError(str(exc)) from None
         if not partitions:
             raise ReplayError(f"topic {from_topic!r} does not exist at {bootstrap_servers}")
-        await consumer.start()
         if not dry_run:
-            producer = AIOKafkaProducer(
-                **kafka.aiokafka_args(),
-                client_id="storage-events-replay",
-                acks="all",
-                enable_idempotence=True,
-                max_request_size=RAW_MAX_MESSAGE_BYTES,
-                linger_ms=5,
-            )
-            await producer.start()
-        await _copy(
+            republisher = _Republisher(Producer(producer_config(kafka, watch)), selection)
+        _copy(
             consumer,
-            producer,
+            republisher,
             from_topic,
             partitions,
             selection,
             sys.stdout if out is None else out,
             read_timeout_s,
         )
-        if producer is not None:
-            await producer.flush()
-    except KafkaError as exc:
+    except KafkaException as exc:
         summary = selection.summary
         done = f" (so far: {summary.line(from_topic, dry_run)})" if summary.read else ""
         raise ReplayError(f"{from_topic} at {bootstrap_servers}: {exc!r}{done}") from exc
+    except KeyboardInterrupt:
+        if republisher is not None:
+            republisher.stop(FLUSH_ON_STOP_S)
+        raise Interrupted(selection.summary.line(from_topic, dry_run)) from None
     finally:
-        if producer is not None:
-            await producer.stop()
-        await consumer.stop()
+        consumer.close()
     return selection.summary
+
+
+def producer_config(kafka: KafkaSettings, watch: Any) -> dict[str, Any]:
+    """librdkafka properties of the replay's producer: idempotent, `acks=all`, records up to
+    the raw topic's limit, and the Java client's partitioner, as the worker's producers
+    (streams.engine.librdkafka.producer): a republished keyed record goes to the partition
+    the worker's own would (streams.core.partitioning)."""
+    from streams.engine.librdkafka import librdkafka_log
+    from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
+
+    return {
+        **kafka.librdkafka_config(),
+        "client.id": "storage-events-replay",
+        "acks": "all",
+        "enable.idempotence": True,
+        "message.max.bytes": RAW_MAX_MESSAGE_BYTES,
+        "linger.ms": 5,
+        "partitioner": "murmur2_random",
+        "error_cb": watch,
+        "logger": librdkafka_log(),  # its lines through the log, never raw on stderr
+    }
 
 
 @dataclass(slots=True)
@@ -320,10 +350,17 @@ class Selection:
     def matches(self, letter: DeadLetter) -> bool:
         return self.match_error is None or self.match_error in letter.error
 
-    def destination(self, letter: DeadLetter) -> tuple[str | None, str | None]:
+    def destination(
+        self, letter: DeadLetter, unreadable: str | None = None
+    ) -> tuple[str | None, str | None]:
         """(where `letter` goes, or None when it is not selected; why a matching letter is
-        skipped), counted here."""
+        skipped), counted here. A letter whose record or headers could not be read
+        (`unreadable`, why) is skipped whatever the options: its `error*` headers cannot be
+        matched, nor its original headers republished as they were."""
         self.summary.read += 1
+        if unreadable is not None:
+            self.summary.unreadable += 1
+            return None, f"{unreadable}; not replayed: it cannot be republished as it was"
         if not self.matches(letter):
             self.summary.not_matching += 1
             return None, None
@@ -343,9 +380,60 @@ class Selection:
         return destination, None
 
 
-async def _copy(
+class _Republisher:
+    """The replay's producer: each consumed batch's selected letters sent, then awaited
+    (`settle`): a batch counts as replayed once Kafka acknowledged every record of it."""
+
+    def __init__(self, producer: Any, selection: Selection) -> None:
+        self.producer = producer
+        self.selection = selection
+        self._sent = 0
+        self._failed: list[Any] = []
+
+    def _delivered(self, error: Any, _message: Any) -> None:
+        if error is not None:
+            self._failed.append(error)
+
+    def send(self, destination: str, letter: DeadLetter) -> None:
+        while True:
+            try:
+                self.producer.produce(
+                    destination,
+                    letter.value,
+                    letter.key,
+                    headers=list(letter.headers),
+                    on_delivery=self._delivered,
+                )
+                break
+            except BufferError:  # its queue is full: let deliveries drain it
+                self.producer.poll(0.1)
+        self._sent += 1
+        self.producer.poll(0)
+
+    def settle(self) -> None:
+        """Wait until Kafka acknowledged every record sent (or librdkafka gave one up after
+        its message.timeout.ms); raise the first refusal, after counting what was delivered."""
+        from confluent_kafka import KafkaException
+
+        while self.producer.flush(1.0) > 0:
+            pass
+        sent, failed = self._sent, self._failed
+        self._sent, self._failed = 0, []
+        self.selection.summary.replayed += sent - len(failed)
+        if failed:
+            raise KafkaException(failed[0])
+
+    def stop(self, timeout_s: float) -> None:
+        """Stopped midway (Ctrl-C): wait up to `timeout_s` for what was sent, count what
+        Kafka acknowledged by then."""
+        self.producer.flush(timeout_s)
+        self.selection.summary.replayed += self._sent - len(self._failed) - len(self.producer)
+        self._sent, self._failed = 0, []
+
+
+def _copy(
     consumer: Any,
-    producer: Any,
+    republisher: _Republisher | None,
     from_topic: str,
     partitions: list[int],
     selection: Selection,
@@ -353,42 +441,55 @@ async def _copy(
     read_timeout_s: float,
 ) -> None:
     """Read every partition of `from_topic` up to its end offsets at start; replay or print."""
-    from aiokafka import TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException
+    from confluent_kafka import TopicPartition as RdTopicPartition
 
-    assignment = [TopicPartition(from_topic, partition) for partition in partitions]
-    consumer.assign(assignment)
-    await consumer.seek_to_beginning(*assignment)
-    ends: dict[Any, int] = await consumer.end_offsets(assignment)
-    remaining = {tp for tp in assignment if ends[tp] > 0}
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + read_timeout_s
+    from streams.engine.librdkafka.consumer import UNREADABLE_ERRORS
+    from streams.reader import read_record, watermarks
+
+    ends = watermarks(consumer, from_topic, partitions)
+    # A partition whose end is its beginning holds nothing to read (empty, or expired).
+    remaining = {partition: end for partition, (low, end) in ends.items() if end > low}
+    consumer.assign([RdTopicPartition(from_topic, p, OFFSET_BEGINNING) for p in remaining])
+    deadline = time.monotonic() + read_timeout_s
     while remaining and not selection.full():
-        for tp in list(remaining):
-            if await consumer.position(tp) >= ends[tp]:
-                remaining.discard(tp)
-        if not remaining:
-            break
-        if loop.time() > deadline:
+        if time.monotonic() > deadline:
             raise ReplayError(
                 f"reading {from_topic} did not reach its end offsets in {read_timeout_s:.0f} s"
             )
-        batches = await consumer.getmany(*remaining, timeout_ms=500)
-        messages = [
-            message
-            for tp, batch in sorted(batches.items(), key=lambda item: item[0].partition)
-            for message in batch
-            if message.offset < ends[tp]  # else written after the command started
-        ]
+        # In partition order within a batch, each partition's records in offset order.
+        messages = sorted(consumer.consume(500, 0.5), key=lambda message: message.partition())
         if messages:
-            deadline = loop.time() + read_timeout_s  # progress: wait afresh
-        pending: list[asyncio.Future[Any]] = []
+            deadline = time.monotonic() + read_timeout_s  # progress: wait afresh
         for message in messages:
+            partition, offset = message.partition() or 0, message.offset() or 0
+            error = message.error()
+            unreadable: str | None
+            if partition not in remaining:
+                continue  # read to its end already
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    # The fetch position reached the last stable offset (the message's offset).
+                    if offset >= remaining[partition]:
+                        del remaining[partition]
+                    continue
+                if error.code() not in UNREADABLE_ERRORS or offset < 0:
+                    raise KafkaException(error)
+                # A record librdkafka cannot read (streams.engine.librdkafka.consumer): skipped
+                # as one whose headers cannot be read, and stepped past.
+                consumer.seek(RdTopicPartition(from_topic, partition, offset + 1))
+                unreadable = f"the record cannot be read: {error.str()}"
+                letter = DeadLetter(partition, offset, None, None, (), "", "", None)
+            else:
+                if offset >= remaining[partition]:
+                    del remaining[partition]  # written after the command started
+                    continue
+                record = read_record(message)
+                unreadable = record.unreadable
+                letter = dead_letter(partition, offset, record.key, record.value, record.headers)
             if selection.full():
                 break
-            letter = dead_letter(
-                message.partition, message.offset, message.key, message.value, message.headers
-            )
-            destination, skipped = selection.destination(letter)
+            destination, skipped = selection.destination(letter, unreadable)
             if destination is None:
                 if skipped is not None:
                     print(
@@ -396,33 +497,12 @@ async def _copy(
                         file=sys.stderr,
                     )
                 continue
-            if producer is None:
+            if republisher is None:
                 print(json_line(_describe(letter, destination)), file=out, flush=True)
             else:
-                pending.append(
-                    await producer.send(
-                        destination, letter.value, key=letter.key, headers=list(letter.headers)
-                    )
-                )
-        if pending:
-            await asyncio.gather(*pending)  # raises if Kafka did not acknowledge
-            selection.summary.replayed += len(pending)
-
-
-async def _partitions(kafka: KafkaSettings, topic: str) -> list[int]:
-    """The partitions of `topic`, or none when it does not exist (never creates it)."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(**kafka.aiokafka_args(), client_id="storage-events-replay")
-    await admin.start()
-    try:
-        described = await admin.describe_topics()  # all topics: a broker never auto-creates
-    finally:
-        await admin.close()
-    for found in described:
-        if found["topic"] == topic and found["error_code"] == 0:
-            return sorted(partition["partition"] for partition in found["partitions"])
-    return []
+                republisher.send(destination, letter)
+        if republisher is not None:
+            republisher.settle()  # raises if Kafka did not acknowledge
 
 
 def _describe(letter: DeadLetter, destination: str) -> dict[str, Any]:
@@ -486,18 +566,19 @@ def command_replay_dead_letters(args: argparse.Namespace) -> int:
         return 2
     from_topic = args.from_topic or settings.stream.dead_letter_topic
     try:
-        summary = asyncio.run(
-            replay_dead_letters(
-                settings.kafka,
-                from_topic,
-                args.to_topic,
-                settings=settings,
-                dry_run=args.dry_run,
-                limit=args.limit,
-                match_error=args.match_error,
-                read_timeout_s=args.timeout,
-            )
+        summary = replay_dead_letters(
+            settings.kafka,
+            from_topic,
+            args.to_topic,
+            settings=settings,
+            dry_run=args.dry_run,
+            limit=args.limit,
+            match_error=args.match_error,
+            read_timeout_s=args.timeout,
         )
+    except Interrupted as exc:
+        print(f"interrupted: {exc}", file=sys.stderr)
+        return 130
     except ReplayError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -152,15 +152,13 @@ def test_match_error_limit_and_to_select_what_is_replayed_and_where(
     settings = Settings.model_validate(
         {"stream": {"raw_topics": [raw_topic], "dead_letter_topic": dead_topic}}
     )
-    summary = asyncio.run(
-        replay_dead_letters(
-            kafka_bootstrap,
-            dead_topic,
-            settings=settings,
-            dry_run=True,
-            match_error="gcs:",
-            out=printed,
-        )
+    summary = replay_dead_letters(
+        kafka_bootstrap,
+        dead_topic,
+        settings=settings,
+        dry_run=True,
+        match_error="gcs:",
+        out=printed,
     )
     assert (summary.read, summary.selected, summary.not_matching, summary.no_destination) == (
         4,
@@ -171,9 +169,7 @@ def test_match_error_limit_and_to_select_what_is_replayed_and_where(
     destinations = [json.loads(line)["destination"] for line in printed.getvalue().splitlines()]
     assert destinations == [raw_topic, raw_topic]
 
-    summary = asyncio.run(
-        replay_dead_letters(kafka_bootstrap, dead_topic, fixed, match_error="gcs:", limit=2)
-    )
+    summary = replay_dead_letters(kafka_bootstrap, dead_topic, fixed, match_error="gcs:", limit=2)
     assert summary.replayed == 2
     assert asyncio.run(read_topic(kafka_bootstrap, raw_topic)) == []
     bodies = sorted(read.value for read in asyncio.run(read_topic(kafka_bootstrap, fixed)))
