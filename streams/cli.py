@@ -189,15 +189,19 @@ def shown_headers(headers: Iterable[tuple[str, bytes | None]]) -> dict[str, str 
     }
 
 
+def shown_value(value: bytes | None) -> Any:
+    """A record's value as `tail` shows it: parsed JSON, else text."""
+    try:
+        return json.loads(value or b"")
+    except ValueError:
+        return (value or b"").decode("utf-8", errors="replace")
+
+
 def tail_line(record: Any, headers: bool) -> str:
     """What `tail` prints of a record (streams.reader.ReadRecord): its JSON value on one line
     (as text when it is not JSON); with `headers`, `{"headers": ..., "event": ...}` (headers
     null when they cannot be read: `tail` says why on stderr)."""
-    value = record.value or b""
-    try:
-        shown: Any = json.loads(value)
-    except ValueError:
-        shown = value.decode("utf-8", errors="replace")
+    shown = shown_value(record.value)
     if headers:
         readable = getattr(record, "unreadable", None) is None
         shown = {"headers": shown_headers(record.headers) if readable else None, "event": shown}
@@ -310,6 +314,8 @@ def _tail(
             ) from None
         except TopicRefused as exc:
             raise KafkaAccessError(str(exc)) from None
+        if not partitions:
+            print(f"# {topic} does not exist yet: waiting for it", file=sys.stderr, flush=True)
         if from_beginning and partitions:
             # What was there before this tail started, so that old and new events can be
             # told apart: once those are printed, one line on stderr says how many they were.
@@ -338,12 +344,18 @@ def _tail(
                     _tail_error(consumer, kafka, tailing, message)
                     continue
                 watch.answered()
-                record = read_record(message)
-                if headers and record.unreadable is not None:
-                    print(f"# {record.unreadable}", file=sys.stderr, flush=True)
-                print(line(record) if line is not None else tail_line(record, headers), flush=True)
+                if line is None and not headers:  # the value alone: no record read whole
+                    shown = shown_value(message.value())
+                    print(shown if isinstance(shown, str) else json_line(shown), flush=True)
+                else:
+                    record = read_record(message)
+                    if headers and record.unreadable is not None:
+                        print(f"# {record.unreadable}", file=sys.stderr, flush=True)
+                    text = line(record) if line is not None else tail_line(record, headers)
+                    print(text, flush=True)
                 printed += 1
-                _passed(tailing, message.partition() or 0, (message.offset() or 0) + 1)
+                if tailing.earlier:
+                    _passed(tailing, message.partition() or 0, (message.offset() or 0) + 1)
                 if count is not None and printed >= count:
                     break
             if marker_due and not tailing.earlier:
@@ -390,6 +402,8 @@ def _tail_error(consumer: Any, kafka: KafkaSettings, tailing: _Tailing, message:
 
     error = message.error()
     partition, offset = message.partition() or 0, message.offset()
+    if message.topic() is None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        return  # the coordinator lookup of a group only named (streams.reader.READER_GROUP)
     if error.code() == KafkaError._PARTITION_EOF:
         # The fetch position reached the last stable offset (the message's offset).
         _passed(tailing, partition, offset or 0)

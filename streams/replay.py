@@ -268,6 +268,7 @@ def replay_dead_letters(
         TopicRefused,
         partitions_of,
         reader_config,
+        refused_read,
     )
 
     kafka = KafkaSettings.of(kafka)
@@ -285,8 +286,8 @@ def replay_dead_letters(
             partitions = partitions_of(consumer, kafka, from_topic, watch, CALL_TIMEOUT_S)
         except NoBroker:
             raise ReplayError(f"{from_topic}: no Kafka answers at {bootstrap_servers}") from None
-        except TopicRefused as exc:
-            raise ReplayError(str(exc)) from None
+        except TopicRefused:
+            raise ReplayError(refused_read(kafka, from_topic)) from None
         if not partitions:
             raise ReplayError(f"topic {from_topic!r} does not exist at {bootstrap_servers}")
         if not dry_run:
@@ -300,6 +301,8 @@ def replay_dead_letters(
             sys.stdout if out is None else out,
             read_timeout_s,
         )
+    except TopicRefused:  # the metadata allowed describing it, the fetch refused reading it
+        raise ReplayError(refused_read(kafka, from_topic)) from None
     except KafkaException as exc:
         summary = selection.summary
         done = f" (so far: {summary.line(from_topic, dry_run)})" if summary.read else ""
@@ -445,7 +448,7 @@ def _copy(
     from confluent_kafka import TopicPartition as RdTopicPartition
 
     from streams.engine.librdkafka.consumer import UNREADABLE_ERRORS
-    from streams.reader import read_record, watermarks
+    from streams.reader import TopicRefused, read_record, watermarks
 
     ends = watermarks(consumer, from_topic, partitions)
     # A partition whose end is its beginning holds nothing to read (empty, or expired).
@@ -465,6 +468,10 @@ def _copy(
             partition, offset = message.partition() or 0, message.offset() or 0
             error = message.error()
             unreadable: str | None
+            if error is not None and message.topic() is None:
+                if error.fatal():
+                    raise KafkaException(error)
+                continue  # the client's news: the named group's coordinator lookup refused
             if partition not in remaining:
                 continue  # read to its end already
             if error is not None:
@@ -473,6 +480,8 @@ def _copy(
                     if offset >= remaining[partition]:
                         del remaining[partition]
                     continue
+                if error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                    raise TopicRefused(from_topic)
                 if error.code() not in UNREADABLE_ERRORS or offset < 0:
                     raise KafkaException(error)
                 # A record librdkafka cannot read (streams.engine.librdkafka.consumer): skipped
