@@ -340,10 +340,11 @@ def _tail(
                 message for message in (consumer.poll(wait_s),) if message is not None
             ]
             for message in messages:
+                if message.topic() is not None:
+                    watch.answered()
                 if message.error() is not None:
                     _tail_error(consumer, kafka, tailing, message)
                     continue
-                watch.answered()
                 if line is None and not headers:  # the value alone: no record read whole
                     shown = shown_value(message.value())
                     print(shown if isinstance(shown, str) else json_line(shown), flush=True)

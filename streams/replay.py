@@ -30,13 +30,18 @@ not, so a letter's own headers never choose a topic on their own (issue 23):
 * `--limit N` stops after N records were selected (matching, with a destination).
 * `--dry-run` prints one JSON line per selected record (`partition`, `offset`, `source`,
   `stage`, `error`, `destination`, `size` = value bytes) and publishes nothing.
-* Otherwise the records are published with an idempotent producer (`acks=all`), and the
-  command returns only once Kafka acknowledged every one of them.
+* Otherwise the records are published with an idempotent producer (`acks=all`, the Java
+  client's partitioner: a key goes to the partition the worker gives it), and the command
+  returns only once Kafka acknowledged every one of them.
+* A letter that cannot be read as it was written (a header name that is not UTF-8, which
+  confluent-kafka cannot read; a record librdkafka cannot decode) is skipped, whatever the
+  options: one stderr line names it, and the summary counts it.
 
 A summary line goes to stderr. Exit 0 when every selected record was replayed (or, on a dry
-run, could be); 1 when some records were skipped (no `error.topic` and no `--to`, or a
-target refused above: they are counted and listed); 2 with one line for a mistake (unknown
-topic, bad option).
+run, could be); 1 when some records were skipped (no `error.topic` and no `--to`, a target
+refused above, or not readable: they are counted and listed); 2 with one line for a mistake
+(unknown topic, a topic the principal may not read, bad option); 130 when Ctrl-C stopped it
+(the summary so far on stderr, after waiting a few seconds at most for what was sent).
 
 Replaying is safe to repeat: the stream drops a change it already emitted by its event id
 (within the instance's dedupe TTL), so a second run only costs duplicates on the raw topic.

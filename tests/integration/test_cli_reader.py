@@ -319,3 +319,36 @@ def test_tail_finds_a_topic_created_after_it_started_and_stops_on_ctrl_c(
     assert not any("Traceback" in line for line in tail.err), tail.err
     # A topic that did not exist at start has no earlier records to count.
     assert not any("earlier" in line for line in tail.err), tail.err
+
+
+def test_ctrl_c_during_a_replay_waits_for_what_was_sent_and_says_how_far_it_got(
+    kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KeyboardInterrupt midway (here: right after the first letter was handed to the
+    producer): that letter is acknowledged before the command stops, and counted."""
+    from streams import replay
+
+    suffix = uuid.uuid4().hex[:10]
+    dead_topic, fixed = f"dead-letter-{suffix}", f"fixed-{suffix}"
+    for name in (dead_topic, fixed):
+        asyncio.run(create_topic(kafka_bootstrap, name))
+    letter = dead_letter_record(
+        dead_topic, RawRecord(fixed, b"body", {"source": b"s3"}), b"k", "bug", "normalize"
+    )
+    produce(kafka_bootstrap, dead_topic, [(letter.value or b"", list(letter.headers))] * 2)
+    copy = replay._copy
+
+    def interrupted(consumer: object, republisher: object, *args: object) -> None:
+        def send_then_stop(destination: str, dead: replay.DeadLetter) -> None:
+            original(destination, dead)
+            raise KeyboardInterrupt
+
+        original = republisher.send  # type: ignore[attr-defined]
+        republisher.send = send_then_stop  # type: ignore[attr-defined]
+        copy(consumer, republisher, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replay, "_copy", interrupted)
+    with pytest.raises(replay.Interrupted) as stopped:
+        replay.replay_dead_letters(kafka_bootstrap, dead_topic, fixed)
+    assert str(stopped.value) == f"replayed 1 of 1 dead letter(s) from {dead_topic} ({fixed}: 1)"
+    assert [read.value for read in asyncio.run(read_topic(kafka_bootstrap, fixed))] == [b"body"]
