@@ -141,15 +141,18 @@ def _decode_event_validated(value: bytes | None) -> FileEvent:
 
 FAST_RAW_LEVELS = 8
 """How deep `raw`'s values may nest for `_decode_event_fast` to read the event: objects and
-arrays down to level 10 of the value (the event object is level 1, `raw` level 2). A deeper
-one (none of the providers' records nests so deep) is read by `_decode_event_validated`,
-which applies MAX_DEPTH. msgspec builds the type below as a tree of 2^FAST_RAW_LEVELS nodes
-(about 5 ms at import for 8)."""
+arrays down to level 10 of the value (the event object is level 1, `raw` level 2). msgspec
+refuses the first array or object below that (as not of `_raw_value`'s type) before reading
+on, and a deeper value (none of the providers' records nests so deep) is read by
+`_decode_event_validated`, which applies MAX_DEPTH: msgspec's own bound on nesting is
+Python's recursion limit (`Py_EnterRecursiveCall`: about 1,000 levels less the stack in use,
+depending on the Python), not a depth it can be given. msgspec builds the type as a tree of
+2^FAST_RAW_LEVELS nodes (about 5 ms at import for 8)."""
 
 _INT64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 """The integers msgspec and orjson read alike: orjson reads one beyond 64 bits as a float
-(which pydantic turns back into an `int` for `size`), msgspec reads it exactly; one of
-2^63..2^64-1 (which both read as an `int`) is left to the validated path too."""
+(which pydantic refuses for `size`), msgspec reads it exactly; one of 2^63..2^64-1 (which
+both read as an `int`) is left to the validated path too (msgspec bounds only in int64)."""
 
 
 def _raw_value(levels: int) -> Any:
@@ -197,8 +200,8 @@ _WRITTEN_TIME = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{6})?Z"
 ).fullmatch
 """`format_time`'s output, the stream's `time`: RFC 3339 in UTC, `Z`, whole seconds or six
-digits of them. The hour is bounded here since Python's `fromisoformat` may read `24:00`;
-the other fields' ranges are its (and pydantic's) to refuse."""
+digits of them. The hour is bounded here (pydantic refuses `24:00`, and what Python's
+`fromisoformat` makes of it has varied); the other fields' ranges both refuse alike."""
 
 
 def _utc_time_py311(text: str) -> datetime:
