@@ -285,7 +285,7 @@ def _tail(
     """Print `topic`'s records as they come (`line`, else `tail_line`) until `count` of them
     or `timeout_s`; 0 when `count` was reached (or none was asked), else 1. Blocking, each
     call bounded (streams.reader), so that Ctrl-C (KeyboardInterrupt) stops it at once."""
-    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException
 
     from streams.kafka_settings import require_access
     from streams.reader import (
@@ -371,6 +371,8 @@ def _tail(
             if time.monotonic() >= refresh_at:
                 refresh_at = time.monotonic() + TOPIC_REFRESH_S
                 _more_partitions(consumer, kafka, tailing, watch)
+    except KafkaException as exc:  # e.g. the end offsets not answered in time: one line
+        raise UsageError(f"Kafka at {kafka.bootstrap_servers}: {exc.args[0].str()}") from None
     finally:
         consumer.close()
     return 0 if count is None or printed >= count else 1

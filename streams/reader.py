@@ -6,8 +6,9 @@ Each command's consumer is assigned partitions (no group joined, nothing committ
 end of partition reported (`enable.partition.eof`): with that isolation a partition's end is
 its last stable offset, past the commit marker of its last transaction, which no record
 carries (streams.engine.store reads its changelogs to their end the same way). The calls
-block; the commands are plain synchronous code, each call bounded (at most a second or two),
-so that Ctrl-C stops them at once.
+block; the commands are plain synchronous code, each call bounded: a wait for records at most
+half a second, a metadata request half a second at a time, ListOffsets CALL_TIMEOUT_S (once,
+at start), so that Ctrl-C stops them within that.
 
 What the commands say about Kafka comes from here, in one line each: no broker answering at
 start (`NoBroker`, from librdkafka's "all brokers down"), a topic the principal may not read
