@@ -207,7 +207,9 @@ class FileEvents:
         self.consumer_config = dict(consumer_config or {})
         self.producer_config = dict(producer_config or {})
         self.outcomes: Counter[str] = Counter()
-        """How many records ended each way (`Outcome` values), since this object exists."""
+        """How many records ended each way (`Outcome` values), since this object exists;
+        `fileevents_records_total` is counted from it."""
+        self.metrics.follow_outcomes(topic, group_id, self.outcomes)
         self._registry = Registry()
         self._running = False
         self._stop_requested = asyncio.Event()
@@ -217,7 +219,6 @@ class FileEvents:
         self._partitions: dict[TopicPartition, PartitionState] = {}
         self._dispatcher: Dispatcher | None = None
         self._committed: dict[TopicPartition, tuple[int, str]] = {}
-        self._outcome_counters: dict[Outcome, Any] = {}
         self._commit_lock = asyncio.Lock()
         self._to_commit = asyncio.Event()
         self._reset_earliest = True
@@ -519,11 +520,6 @@ class FileEvents:
 
     def _count(self, outcome: Outcome, records: int = 1) -> None:
         self.outcomes[outcome.value] += records
-        counter = self._outcome_counters.get(outcome)
-        if counter is None:
-            counter = self.metrics.records.labels(self.topic, self.group_id, outcome.value)
-            self._outcome_counters[outcome] = counter
-        counter.inc(records)
 
     def _skipped(self, records: int) -> None:
         self._count(Outcome.DONE_BEFORE, records)
