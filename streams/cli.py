@@ -31,8 +31,9 @@ from streams.config import ConfigError, load_settings
 from streams.core.delivery import Delivery
 from streams.core.normalizers import MalformedDelivery, normalize
 from streams.core.records import json_line
-from streams.core.rules import Filtered, apply_instance
+from streams.core.rules import Filtered, apply_rules
 from streams.kafka_settings import KafkaAccessError, KafkaSettings
+from streams.policies import instance_rules
 
 if TYPE_CHECKING:
     from streams.reader import BrokerWatch
@@ -106,7 +107,7 @@ def command_normalize(args: argparse.Namespace) -> int:
         )
     for event in events:
         if instance is not None:
-            kept = apply_instance(event, instance)
+            kept = apply_rules(event, instance_rules(instance))
             if isinstance(kept, Filtered):
                 print(
                     f"filtered by instance {instance.name} ({kept.reason}): "

@@ -7,9 +7,9 @@ nothing of `streams`).
 engine (stages, restore, topics, offsets, status) and the commands that read topics (tail,
 dead-letters, replay-dead-letters: streams/reader.py), all confluent-kafka; `aiokafka_args()`
 for Faust, the bridges, `fileevents` and the requests librdkafka cannot make, and
-`faust_args()` for the Faust app. `check_access` turns a refused password, an untrusted certificate or a
-protocol mismatch into one `KafkaAccessError` line naming the setting. A change to connection
-settings goes into fileevents/src/fileevents/kafka_settings.py.
+`faust_args()` for the Faust app. `check_access` turns a refused password, an untrusted
+certificate or a protocol mismatch into one `KafkaAccessError` line naming the setting. A
+change to connection settings goes into fileevents/src/fileevents/kafka_settings.py.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from streams.config import InstanceConfig, Settings
 from streams.core.emitting import EmitPolicy, InstancePolicy
-from streams.core.rules import InstanceRules
+from streams.core.rules import DROPPING_PLUGINS, SIZE_CHANGING_PLUGINS, InstanceRules
 
 
 def emit_policy(settings: Settings) -> EmitPolicy:
@@ -46,11 +46,9 @@ def instance_rules(instance: InstanceConfig) -> InstanceRules:
         prefix=instance.prefix,
         dropped_prefixes=tuple(
             (name, plugin.prefix)
-            for name in ("dedup", "versioning", "softDelete")
+            for name in DROPPING_PLUGINS
             if (plugin := instance.plugin(name)) is not None and plugin.prefix
         ),
         clears_unsized=instance.plugin("dedup") is not None,
-        clears_size=any(
-            instance.plugin(name) is not None for name in ("encryption", "compression")
-        ),
+        clears_size=any(instance.plugin(name) is not None for name in SIZE_CHANGING_PLUGINS),
     )

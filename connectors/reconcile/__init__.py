@@ -8,7 +8,7 @@ provider can lose one. Reconcile finds what the stream missed and publishes it:
    Blob; the REST list APIs of Box, Cloudinary and Appwrite), under the instance's prefix,
    live objects only (a versioned bucket compares its live versions). `--provider` picks the
    listing; by default the instance's one source does (`sources = ["gcs"]`), else the S3 API.
-   Each listed key goes through the instance's own rules (`streams.core.rules.apply_instance`),
+   Each listed key goes through the instance's own rules (`streams.core.rules.apply_rules`),
    so keys the stream never emits (plugin-internal prefixes such as `.versions/`) are ignored,
    and ETags compare as the stream emits them.
 2. **Read what the stream knows** (`connectors.reconcile.stream`: any `StreamKnowledge`). By

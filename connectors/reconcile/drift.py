@@ -19,7 +19,8 @@ from streams.config import InstanceConfig
 from streams.core.event import FileEvent, format_time
 from streams.core.normalizers.base import strip_quotes
 from streams.core.normalizers.reconcile import SOURCE, reconcile_id
-from streams.core.rules import Filtered, apply_instance
+from streams.core.rules import Filtered, apply_rules
+from streams.policies import instance_rules
 
 if TYPE_CHECKING:
     from connectors.reconcile.knownset import KnownSet
@@ -150,6 +151,7 @@ def compare(
         result.counts[drift.type] = result.counts.get(drift.type, 0) + 1
         sink(drift)
 
+    rules = instance_rules(instance)  # once: applied to every listed key
     for item in listed:
         if on_listed is not None:
             on_listed()
@@ -163,7 +165,7 @@ def compare(
             etag=etag,
             provider=SOURCE,
         )
-        view = apply_instance(probe, instance)
+        view = apply_rules(probe, rules)
         if isinstance(view, Filtered):
             result.ignored += 1
             continue

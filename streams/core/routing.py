@@ -273,7 +273,7 @@ class InstanceIndex:
 
     def candidates(self, bucket: str | None, key: str) -> list[int]:
         """The positions, in configuration order, of the instances whose bucket and prefix
-        hold an event of `bucket` and `key` (rules.apply_instance's `bucket` and `prefix`)."""
+        hold an event of `bucket` and `key` (rules.apply_rules' `bucket` and `prefix`)."""
         found: list[int] = []
         if bucket is None:
             self.anywhere.collect(key, found)

@@ -73,14 +73,9 @@ class InstanceRules:
     """An `encryption` or `compression` plugin: size cleared on every event."""
 
 
-class Plugin(Protocol):
-    @property
-    def prefix(self) -> str | None: ...
-
-
 class Instance(Protocol):
-    """What `apply_instance` reads of an instance's configuration (streams.config
-    InstanceConfig)."""
+    """What `accepts_source` and `open_instances_warning` read of an instance's
+    configuration (streams.config InstanceConfig) when given it rather than its rules."""
 
     @property
     def name(self) -> str: ...
@@ -88,11 +83,6 @@ class Instance(Protocol):
     def sources(self) -> Collection[str] | None: ...
     @property
     def bucket(self) -> str | None: ...
-    @property
-    def prefix(self) -> str: ...
-    @property
-    def plugins(self) -> Sequence[Plugin]: ...
-    def plugin(self, name: str) -> Plugin | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,42 +185,6 @@ def apply_rules(event: FileEvent, rules: InstanceRules) -> FileEvent | Filtered:
         changes.update(size=None, etag=None)
     if rules.clears_size:
         changes["size"] = None
-    # Most instances change nothing: the event itself (frozen) serves, without a copy.
-    return event.model_copy(update=changes) if changes else event
-
-
-def apply_instance(event: FileEvent, instance: Instance) -> FileEvent | Filtered:
-    """The event as `instance` (its configuration) sees it, or why the instance drops it:
-    `apply_rules` of the instance's rules, read from the configuration on every call. Kept
-    for callers not yet holding `InstanceRules` (streams.policies builds them once)."""
-    if instance.sources is not None and not accepts_source(instance, event.provider):
-        return Filtered("source")
-    if event.provider in ALWAYS_ACCEPTED_SOURCES and event.raw is not None:
-        named = event.raw.get("instance")  # routing offers it to that instance only, too
-        if isinstance(named, str) and named != instance.name:
-            return Filtered("instance")
-    if instance.bucket is not None and event.bucket is not None and event.bucket != instance.bucket:
-        return Filtered("bucket")
-    key = under_prefix(event.key, instance.prefix)
-    if key is None:
-        return Filtered("prefix")
-    if instance.prefix and escapes_root(key):
-        return Filtered("prefix-escape")
-    changes: dict[str, object] = {"key": key} if key != event.key else {}
-    if instance.plugins:
-        for name in DROPPING_PLUGINS:
-            plugin = instance.plugin(name)
-            # The plugin's prefix itself, its folder marker (`.versions/`) and everything below.
-            if (
-                plugin is not None
-                and plugin.prefix
-                and (key == plugin.prefix or key.startswith(plugin.prefix + "/"))
-            ):
-                return Filtered(f"plugin:{name}")
-        if instance.plugin("dedup") is not None and not event.size:
-            changes.update(size=None, etag=None)
-        if any(instance.plugin(name) is not None for name in SIZE_CHANGING_PLUGINS):
-            changes["size"] = None
     # Most instances change nothing: the event itself (frozen) serves, without a copy.
     return event.model_copy(update=changes) if changes else event
 

@@ -28,9 +28,17 @@ from connectors.reconcile import Known, Listed, Plan, last_events, plan, refusal
 from connectors.reconcile.listings.s3 import list_bucket
 from streams.config import InstanceConfig
 from streams.core.delivery import Delivery
+from streams.core.event import FileEvent
 from streams.core.normalizers import SOURCES
 from streams.core.normalizers.reconcile import normalize
-from streams.core.rules import Filtered, apply_instance
+from streams.core.rules import Filtered, apply_rules
+from streams.policies import instance_rules
+
+
+def apply_instance(event: FileEvent, instance: InstanceConfig) -> FileEvent | Filtered:
+    """The event as `instance` sees it: its rules as the worker builds them, applied."""
+    return apply_rules(event, instance_rules(instance))
+
 
 pytest_plugins = ["support.moto_server"]
 

@@ -17,11 +17,17 @@ from streams.config import InstanceConfig
 from streams.core.event import FileEvent
 from streams.core.rules import (
     Filtered,
-    apply_instance,
+    apply_rules,
     escapes_root,
     open_instances_warning,
     under_prefix,
 )
+from streams.policies import instance_rules
+
+
+def apply_instance(event: FileEvent, instance: InstanceConfig) -> FileEvent | Filtered:
+    """The event as `instance` sees it: its rules as the worker builds them, applied."""
+    return apply_rules(event, instance_rules(instance))
 
 
 def event(key: str, bucket: str | None = "uploads", **fields: Any) -> FileEvent:
