@@ -120,6 +120,7 @@ class Pipeline:
                 self._group_metadata,
                 self.progress,
                 group_id=self.emit_group,
+                partitions={spec.name: spec.partitions for spec in topology(settings)},
             )
         self.store = StateStore(
             stream.data_dir / f"{stream.app_id}-state",

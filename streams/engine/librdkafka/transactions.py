@@ -44,7 +44,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,15 @@ busy partition wait ~100 ms for nothing. Since librdkafka 2.3 (KIP-580) the back
 request's later retries doubles up to `retry.backoff.max.ms` (1 s, unchanged), so a broker in
 real trouble is not retried faster for long; produce retries of this producer start at 10 ms
 too, which idempotence makes safe (sequence numbers: no duplicate, no reordering)."""
+MAX_TRANSACTION_PLACES = 2000
+"""The most output partitions (counted as `_places` does) the parts waiting to be committed
+may touch together in one transaction; the rest wait for the next one (a part alone always
+goes, bounded by the stage's `batch_size`). Kafka pays per partition per transaction (a
+produce request, a commit marker): parts of several input partitions spread over thousands of
+instances' topics, merged, could outlive the transaction timeout on every retry and stop the
+stream (BENCHMARKS.md, "Issue 33: what an output partition costs": 61 s for one transaction
+over 4,000 partitions). A stream with few output partitions merges every waiting part, as
+before."""
 TRANSACTION_TIMEOUT_MS = 30_000
 """`transaction.timeout.ms`: how long a transaction a vanished worker left open holds the
 read_committed readers of its partitions back, when no restart under its id aborts it."""
@@ -237,6 +246,37 @@ class _Request:
     rounds: list[Round] = field(default_factory=list)
 
 
+def _places(request: _Request, partitions: Mapping[str, int]) -> int:
+    """How many output partitions `request`'s records may touch, at most: each dictated
+    partition (changelog), and per other topic its records' count, but no more than its
+    partitions where they are known."""
+    dictated: set[tuple[str, int]] = set()
+    counts: dict[str, int] = {}
+    for record in request.records:
+        if record.partition is not None:
+            dictated.add((record.topic, record.partition))
+        else:
+            counts[record.topic] = counts.get(record.topic, 0) + 1
+    return len(dictated) + sum(
+        min(count, partitions.get(topic, count)) for topic, count in counts.items()
+    )
+
+
+def _within_places(
+    queue: list[_Request], partitions: Mapping[str, int]
+) -> tuple[list[_Request], list[_Request]]:
+    """The first requests of `queue` whose places add up to at most MAX_TRANSACTION_PLACES
+    (at least one), and the rest: what one transaction takes."""
+    if len(queue) == 1:
+        return queue, []
+    total = 0
+    for index, request in enumerate(queue):
+        total += _places(request, partitions)
+        if index and total > MAX_TRANSACTION_PLACES:
+            return queue[:index], queue[index:]
+    return queue, []
+
+
 def _last_per_place(request: _Request) -> set[int]:
     """Indexes of the last record of each dictated partition (the changelog's)."""
     last: dict[tuple[str, int], int] = {}
@@ -287,8 +327,12 @@ class MemberTransactions:
         progress: Progress,
         producer_factory: Callable[[dict[str, Any]], Producer] = Producer,
         group_id: str | None = None,
+        partitions: Mapping[str, int] | None = None,
     ) -> None:
         self.kafka = KafkaSettings.of(kafka)
+        self.partitions: Mapping[str, int] = partitions or {}
+        """The output topics' partition counts (the topology's), bounding what a transaction
+        may touch (`_places`); a topic not in it counts a partition per record."""
         self.group_id = group_id or f"{app_id}-emit"
         """The emit group, whose committed offsets say whether a transaction given up inside
         its commit did commit."""
@@ -388,7 +432,7 @@ class MemberTransactions:
 
     async def _commit_waiting(self) -> None:
         while self._queue:
-            requests, self._queue = self._queue, []
+            requests, self._queue = _within_places(self._queue, self.partitions)
             try:
                 await self._transact(requests)
             except BaseException as exc:
