@@ -30,7 +30,7 @@ from fileevents import localstack
 from fileevents.codec import UnreadableRecord
 from fileevents.deadletter import DeadLetterWriter, describe
 from fileevents.dedupe import AnyDedupeStore, batching, check_store, store_name
-from fileevents.errors import OnError, log_failure
+from fileevents.errors import WAIT_TIMEOUT, OnError, log_failure
 from fileevents.kafka_settings import KafkaAccessError, KafkaSettings, check_access
 from fileevents.metrics import FileEventsMetrics, serve
 from fileevents.partition import Dispatcher, PartitionState, decode_finished
@@ -45,6 +45,12 @@ _FIXED_CONSUMER_SETTINGS = frozenset(
 )
 _FIXED_PRODUCER_SETTINGS = frozenset({"bootstrap_servers", "acks", "enable_idempotence"})
 _FETCH_TIMEOUT_MS = 200
+_FETCH_MAX_RECORDS = 500
+"""The most records one fetch hands out (over every partition): with `Dispatcher.full`, what
+bounds the records the loop holds."""
+_HOLD_BACK_MAX_S = 10.0
+"""The longest the fetch loop waits for room before fetching anyway: a `getmany` at least
+this often keeps the member in its group (`max_poll_interval_ms`), however slow the handlers."""
 MISSING_TOPIC_EVERY_S = 5.0
 """While the topic does not exist: one log line naming it this often (checked every second)."""
 _CAREFUL_FETCH_TIMEOUT_MS = 1000
@@ -371,7 +377,7 @@ class FileEvents:
                     self.topic,
                 )
                 said_at = loop.time()
-            with contextlib.suppress(TimeoutError):
+            with contextlib.suppress(*WAIT_TIMEOUT):
                 await asyncio.wait_for(self._stop_requested.wait(), 1.0)
             if self._stop_requested.is_set():
                 return False
@@ -405,6 +411,8 @@ class FileEvents:
     ) -> None:
         """Fetch and hand records to the dispatcher until asked to stop."""
         in_flight = self.metrics.in_flight.labels(self.topic, self.group_id)
+        loop = asyncio.get_running_loop()
+        fetched_at = loop.time()
         while not self._stop_requested.is_set():
             if committer.done():
                 raise RuntimeError("the commit task ended") from committer.exception()
@@ -417,8 +425,16 @@ class FileEvents:
                     consumer.resume(state.tp)
                     state.paused = False
                 self._lag(consumer, state)
+            if dispatcher.full() and loop.time() - fetched_at < _HOLD_BACK_MAX_S:
+                # Enough records can start: fetch once half of them have.
+                with contextlib.suppress(*WAIT_TIMEOUT):
+                    await asyncio.wait_for(dispatcher.room.wait(), _FETCH_TIMEOUT_MS / 1000)
+                continue
+            fetched_at = loop.time()
             try:
-                batches = await consumer.getmany(timeout_ms=_FETCH_TIMEOUT_MS)
+                batches = await consumer.getmany(
+                    timeout_ms=_FETCH_TIMEOUT_MS, max_records=_FETCH_MAX_RECORDS
+                )
             except _UNREADABLE as exc:
                 await self._step_past_unreadable(consumer, exc)
                 continue

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from fileevents.errors import WAIT_TIMEOUT
 from fileevents.event import FileEvent, scope
 
 if TYPE_CHECKING:  # redis is the `fileevents[redis]` extra: imported by RedisDedupeStore only
@@ -269,7 +270,7 @@ async def check_store(store: AnyDedupeStore, timeout_s: float = START_UP_CHECK_S
     except Exception as exc:
         reason = (
             f"no answer within {timeout_s:g} s"
-            if isinstance(exc, TimeoutError)
+            if isinstance(exc, WAIT_TIMEOUT)
             else (f"{type(exc).__name__}: {exc}")
         )
         raise DedupeStoreUnavailable(

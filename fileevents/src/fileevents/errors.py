@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,6 +18,11 @@ DEDUPE = "<dedupe>"
 """The `handler` of a failure of the dedupe store (retried until it answers)."""
 DEAD_LETTER = "<dead-letter>"
 """The `handler` of a failure to write the dead-letter topic (retried until it works)."""
+
+
+WAIT_TIMEOUT: tuple[type[Exception], ...] = (TimeoutError, asyncio.TimeoutError)
+"""What `asyncio.wait_for` raises when its time is up: the built-in `TimeoutError` from Python
+3.11, asyncio's own class (not a subclass of it) on 3.10."""
 
 
 class EventDecodeError(ValueError):

@@ -691,7 +691,7 @@ async def speaks_tls(host: str, port: int, timeout_s: float = 5.0) -> bool:
         _, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, ssl=context), timeout_s
         )
-    except (OSError, ssl.SSLError, TimeoutError):
+    except (OSError, ssl.SSLError, TimeoutError, asyncio.TimeoutError):  # 3.10: not one class
         return False
     writer.close()
     with contextlib.suppress(Exception):

@@ -152,6 +152,14 @@ class PartitionState:
             self._finished.add(offset)
 
 
+READY_PER_TASK = 2
+"""Records that may start at once (`Dispatcher.full`) per handler task (at least 128 in
+all): enough that no task waits for the next fetch, few enough that records die young.
+Holding a few fetches' worth of records (8 partitions' each) made them outlive the garbage
+collector's young generations, and every full collection then walked them: bounded so, a
+no-op handler's event costs about 1.7 µs of CPU less (BENCHMARKS.md, issue 34)."""
+
+
 class Dispatcher:
     """Up to `max_concurrency` records at once, over every partition, one per key at a time."""
 
@@ -167,6 +175,10 @@ class Dispatcher:
         """One future per task waiting for work: `add` wakes as many as it has records for
         (an `asyncio.Event` would wake every task for each fetched batch)."""
         self._stopped = False
+        self._ready_high = max(128, READY_PER_TASK * max_concurrency)
+        self.room = asyncio.Event()
+        """Set while fewer records may start than `full` allows (half of it, once full)."""
+        self.room.set()
         self.in_flight = 0
         """Records being run right now, over every partition."""
         self._tasks = [
@@ -203,6 +215,15 @@ class Dispatcher:
             if not waiting.done():
                 waiting.set_result(None)
                 readied -= 1
+
+    def full(self) -> bool:
+        """Whether enough records may start now that fetching more can wait (`room` is set
+        again when half of them have started). Records waiting behind a record of their key
+        do not count: a slow key holds back only its own partition (by its pause)."""
+        if len(self._ready) < self._ready_high:
+            return False
+        self.room.clear()
+        return True
 
     def crash(self) -> BaseException | None:
         """Why a task ended unasked (a bug, or a handler leaking a cancellation)."""
@@ -245,6 +266,8 @@ class Dispatcher:
                 await waiting
                 continue
             state, record = ready.popleft()
+            if len(ready) <= self._ready_high // 2 and not self.room.is_set():
+                self.room.set()
             if state.stopping.is_set():
                 continue  # revoked or stopping: its records stay uncommitted
             if not state.in_flight:

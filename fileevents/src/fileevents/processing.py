@@ -26,6 +26,7 @@ from fileevents.errors import (
     DEAD_LETTER,
     DECODE,
     DEDUPE,
+    WAIT_TIMEOUT,
     EventDecodeError,
     Failure,
     HandlerTimeout,
@@ -404,7 +405,7 @@ class EventProcessor:
             raise _Interrupted
         try:
             await asyncio.wait_for(stopping.wait(), timeout=seconds)
-        except TimeoutError:
+        except WAIT_TIMEOUT:
             return
         raise _Interrupted
 
