@@ -359,3 +359,22 @@ def test_ids_recorded_before_scopes_are_read_within_the_upgrade_window(
     # scoped id, and its old-form entry changes nothing.
     assert closed.outcomes == {Outcome.HANDLED.value: 1, Outcome.DUPLICATE.value: 1}
     assert runs == [after.id, before.id]
+
+
+def test_memory_store_does_not_sweep_before_anything_can_have_expired() -> None:
+    now = [0.0]
+    store = MemoryDedupeStore(clock=lambda: now[0])
+
+    async def scenario() -> None:
+        held = store._expiry
+        for index in range(5_000):  # past several sweep points, nothing expired yet
+            await store.add(f"id-{index}", timedelta(hours=1))
+            now[0] += 0.1
+        assert store._expiry is held  # never copied (a copy per 1,024 adds was the cost)
+        assert len(store) == 5_000
+        now[0] = 3_600.05  # the first ids have expired: the next sweep point drops them
+        for index in range(1_024):
+            await store.add(f"late-{index}", timedelta(hours=1))
+        assert 1_024 < len(store) < 6_024
+
+    asyncio.run(scenario())
