@@ -9,6 +9,7 @@ import asyncio
 
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
+
 from fileevents.partition import READY_PER_TASK, Dispatcher, PartitionState
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from prometheus_client import Histogram
+
 from fileevents.metrics import FileEventsMetrics, RunTally
 from fileevents.processing import _HandlerMetrics
-from prometheus_client import Histogram
 
 
 def _value(metrics: FileEventsMetrics, name: str, **labels: str) -> float | None:

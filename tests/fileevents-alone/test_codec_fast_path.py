@@ -14,6 +14,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from fileevents.codec import (
     FAST_RAW_LEVELS,
     MAX_DEPTH,
@@ -23,8 +26,6 @@ from fileevents.codec import (
 )
 from fileevents.errors import EventDecodeError
 from fileevents.event import UTC, FileEvent  # UTC: 3.10 has no datetime.UTC
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 
 def _tokens(value: Any) -> list[tuple[str, Any]]:

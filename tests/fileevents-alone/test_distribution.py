@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from fileevents.event import UTC, format_time, printable, scope  # UTC: 3.10 has no datetime.UTC
 
 import fileevents
 from fileevents import (
@@ -31,6 +30,7 @@ from fileevents import (
     RedisDedupeStore,
     RetryPolicy,
 )
+from fileevents.event import UTC, format_time, printable, scope  # UTC: 3.10 has no datetime.UTC
 
 ALONE = os.environ.get("FILEEVENTS_DIST_ALONE") == "1"
 

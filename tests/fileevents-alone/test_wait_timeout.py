@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 import pytest
+
 from fileevents.dedupe import DedupeStoreUnavailable, check_store
 from fileevents.processing import EventProcessor
 

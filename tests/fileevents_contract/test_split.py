@@ -11,10 +11,9 @@ import ast
 import inspect
 from pathlib import Path
 
+import fileevents
 import fileevents.event
 import fileevents.kafka_settings
-
-import fileevents
 import streams.core.event
 import streams.core.ordering
 import streams.kafka_settings
@@ -87,7 +86,6 @@ def test_the_stack_record_is_read_as_streams_writes_it() -> None:
     which the consumer follows with no address given): the stream writes the record and the
     consumer reads it with the same functions, not copies."""
     import fileevents.localstack
-
     import streams.localstack
 
     ours, theirs = fileevents.localstack, streams.localstack
