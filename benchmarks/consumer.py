@@ -33,9 +33,13 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from streams.core.event import FileEvent
 
 ROUNDS = ("floor", "none", "memory", "redis", "sleep", "restart-redis", "restart-none")
 
@@ -53,31 +57,18 @@ def pid_cpu_seconds(pid: int) -> float:
 # -- the topic ---------------------------------------------------------------------------
 
 
-def fill(bootstrap: str, topic: str, count: int, keys: int, partitions: int) -> None:
-    """`count` canonical events over `keys` keys, key i's n-th event with sequencer n."""
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-
+def bench_events(count: int, keys: int) -> Iterator[FileEvent]:
+    """`count` canonical events over `keys` keys, in the order `fill` writes them: key i's
+    n-th event has sequencer n."""
     from streams.core.event import FileEvent
 
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
-        future.result()
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "acks": "all",
-            "enable.idempotence": True,
-            "linger.ms": 20,
-        }
-    )
     per_key = [0] * keys
     for index in range(count):
         k = (index * 7919) % keys  # interleaved, every key about count/keys times
         seq = per_key[k]
         per_key[k] += 1
         key = f"tenant-{k % 97:02d}/photos/{k:06d}.jpg"
-        event = FileEvent(
+        yield FileEvent(
             id=f"s3:{key}:{seq}",
             type="created",
             key=key,
@@ -94,6 +85,26 @@ def fill(bootstrap: str, topic: str, count: int, keys: int, partitions: int) -> 
                 "s3": {"bucket": {"name": "uploads"}, "object": {"key": key, "size": 1000}},
             },
         )
+
+
+def fill(bootstrap: str, topic: str, count: int, keys: int, partitions: int) -> None:
+    """`count` canonical events over `keys` keys (`bench_events`), keyed by object key."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+        future.result()
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 20,
+        }
+    )
+    for event in bench_events(count, keys):
+        key = event.key
         headers = [
             ("ce_specversion", b"1.0"),
             ("ce_id", event.id.encode()),
@@ -151,7 +162,7 @@ def run_floor(bootstrap: str, topic: str, count: int) -> dict[str, Any]:
 def run_fileevents(args: argparse.Namespace) -> dict[str, Any]:
     import redis.asyncio as redis
 
-    from fileevents import FileEvent, FileEvents, MemoryDedupeStore, RedisDedupeStore, dedupe_id
+    from fileevents import FileEvents, MemoryDedupeStore, RedisDedupeStore, dedupe_id
 
     prefix = f"{args.group}:"
 

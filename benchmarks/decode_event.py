@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,34 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def values(count: int, keys: int) -> list[bytes]:
     """The record values of benchmarks.consumer's `fill`, in its order."""
-    from fileevents.event import UTC, FileEvent
+    from benchmarks.consumer import bench_events
 
-    per_key = [0] * keys
-    found = []
-    for index in range(count):
-        k = (index * 7919) % keys
-        seq = per_key[k]
-        per_key[k] += 1
-        key = f"tenant-{k % 97:02d}/photos/{k:06d}.jpg"
-        event = FileEvent(
-            id=f"s3:{key}:{seq}",
-            type="created",
-            key=key,
-            bucket="uploads",
-            size=1000 + index,
-            etag='"9b2cf535f27731c974343645a3985328"',
-            version_id=None,
-            time=datetime(2026, 12, 1, tzinfo=UTC) + timedelta(milliseconds=index),
-            sequencer=f"{seq:016d}",
-            provider="s3",
-            raw={
-                "eventName": "ObjectCreated:Put",
-                "awsRegion": "us-east-1",
-                "s3": {"bucket": {"name": "uploads"}, "object": {"key": key, "size": 1000}},
-            },
-        )
-        found.append(event.model_dump_json().encode())
-    return found
+    return [event.model_dump_json().encode() for event in bench_events(count, keys)]
 
 
 def run_round(count: int, keys: int) -> dict[str, float | str]:
