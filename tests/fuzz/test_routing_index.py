@@ -22,6 +22,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.rules_reference import apply_instance
 
 from streams.config import InstanceConfig, RawTopicConfig, Settings
 from streams.core import routing
@@ -29,7 +30,7 @@ from streams.core.event import FileEvent
 from streams.core.normalizers import MalformedDelivery
 from streams.core.records import OutRecord, event_record_bytes, keyed_record
 from streams.core.routing import NO_INSTANCE, Routed, TooLarge
-from streams.core.rules import Filtered, apply_instance, under_prefix
+from streams.core.rules import Filtered, under_prefix
 from streams.engine.topics import EVENT_MAX_MESSAGE_BYTES
 from streams.stages.normalize import raw_topic_policy, route_policy
 

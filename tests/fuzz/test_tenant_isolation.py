@@ -1,10 +1,12 @@
 """Tenant isolation, as a property: an event lands in exactly the instances whose bucket and
 prefix contain it (the prefix on a path boundary), with the prefix stripped, and in no other.
 
-Pure: `streams.core.rules.apply_instance` for events, and `streams.core.routing.route` for whole raw
-deliveries (S3, whose keys are form-encoded on the wire, and GCS, whose keys are raw), so that
-the decoding of `%2F`, `+` and unicode happens before the rules and cannot smuggle a key into
-another tenant. The oracle below is written independently of `under_prefix`: path segments.
+Pure: the instance rules as the worker builds and applies them (streams.policies
+`instance_rules`, streams.core.rules `apply_rules`) for events, and `streams.core.routing.route`
+for whole raw deliveries (S3, whose keys are form-encoded on the wire, and GCS, whose keys are
+raw), so that the decoding of `%2F`, `+` and unicode happens before the rules and cannot smuggle
+a key into another tenant. The oracle below is written independently of `under_prefix`: path
+segments.
 
 Dot segments: an instance with a prefix hands its consumers the key relative to it, and they
 join it to a root of theirs. A key that, read the way a consumer or SDK might read it (as is,
@@ -31,7 +33,8 @@ from streams.config import InstanceConfig, Settings
 from streams.core.event import FileEvent
 from streams.core.records import RawRecord, parse_keyed
 from streams.core.routing import route
-from streams.core.rules import Filtered, apply_instance
+from streams.core.rules import Filtered, apply_rules
+from streams.policies import instance_rules
 from streams.stages.normalize import route_policy
 
 # Pieces that make look-alike and traversal-shaped keys and prefixes.
@@ -64,6 +67,11 @@ BUCKETS = ["uploads", "uploads-b", None]
 
 
 ROOT = "/consumer-root"
+
+
+def apply_instance(event: FileEvent, instance: InstanceConfig) -> FileEvent | Filtered:
+    """The event as `instance` sees it: its rules as the worker builds them, applied."""
+    return apply_rules(event, instance_rules(instance))
 
 
 def readings(relative: str) -> list[str]:

@@ -21,6 +21,7 @@ from itertools import product
 from typing import Any
 
 import pytest
+from support.rules_reference import apply_instance
 
 from streams import metrics
 from streams.config import InstanceConfig, Settings
@@ -39,17 +40,7 @@ from streams.core.emitting import (
 from streams.core.event import FileEvent
 from streams.core.ordering import mark_for
 from streams.core.records import keyed_record
-from streams.core.rules import (
-    ALWAYS_ACCEPTED_SOURCES,
-    DROPPING_PLUGINS,
-    SIZE_CHANGING_PLUGINS,
-    Filtered,
-    InstanceRules,
-    accepts_source,
-    apply_rules,
-    escapes_root,
-    under_prefix,
-)
+from streams.core.rules import InstanceRules, apply_rules
 from streams.core.state import OFFSET_KEY, StateReads, encode_expiry
 from streams.migrations import LEGACY_UNTIL_KEY, SEEN_UNTIL_KEY, UpgradeReads
 from streams.policies import emit_policy, instance_rules
@@ -243,41 +234,6 @@ KEYS_SEEN = [
     "other",
     ".dedup/y",
 ]
-
-
-def apply_instance(event: FileEvent, instance: InstanceConfig) -> FileEvent | Filtered:
-    """The reference the policy is held to: the event as `instance` sees it, read from its
-    configuration on every call (what routing did before `InstanceRules`)."""
-    if instance.sources is not None and not accepts_source(instance, event.provider):
-        return Filtered("source")
-    if event.provider in ALWAYS_ACCEPTED_SOURCES and event.raw is not None:
-        named = event.raw.get("instance")  # routing offers it to that instance only, too
-        if isinstance(named, str) and named != instance.name:
-            return Filtered("instance")
-    if instance.bucket is not None and event.bucket is not None and event.bucket != instance.bucket:
-        return Filtered("bucket")
-    key = under_prefix(event.key, instance.prefix)
-    if key is None:
-        return Filtered("prefix")
-    if instance.prefix and escapes_root(key):
-        return Filtered("prefix-escape")
-    changes: dict[str, object] = {"key": key} if key != event.key else {}
-    if instance.plugins:
-        for name in DROPPING_PLUGINS:
-            plugin = instance.plugin(name)
-            # The plugin's prefix itself, its folder marker (`.versions/`) and everything below.
-            if (
-                plugin is not None
-                and plugin.prefix
-                and (key == plugin.prefix or key.startswith(plugin.prefix + "/"))
-            ):
-                return Filtered(f"plugin:{name}")
-        if instance.plugin("dedup") is not None and not event.size:
-            changes.update(size=None, etag=None)
-        if any(instance.plugin(name) is not None for name in SIZE_CHANGING_PLUGINS):
-            changes["size"] = None
-    # Most instances change nothing: the event itself (frozen) serves, without a copy.
-    return event.model_copy(update=changes) if changes else event
 
 
 @pytest.mark.parametrize("instance", INSTANCES)

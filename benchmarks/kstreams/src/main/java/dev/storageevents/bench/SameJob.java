@@ -1032,7 +1032,7 @@ public final class SameJob {
   // ----------------------------------------------------------------- instance rules (core/rules)
 
   /** The event's key relative to the instance, or null when the instance does not keep it
-   * (`apply_instance` without plugins: sources, bucket, prefix, prefix-escape). */
+   * (`apply_rules` without plugins: sources, bucket, prefix, prefix-escape). */
   static String kept(Config config, Event event) {
     if (config.sources() != null && !config.sources().contains(event.provider)) {
       return null;
