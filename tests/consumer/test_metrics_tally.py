@@ -79,10 +79,11 @@ def test_outcomes_follow_the_consumers_counter() -> None:
     first["duplicate"] += 2
     assert _value(metrics, "fileevents_records_total", outcome="handled", **labels) == 4
     assert _value(metrics, "fileevents_records_total", outcome="duplicate", **labels) == 2
-    # A second consumer of the same topic and group (run again, or replaced) takes over:
-    # what the first counted stays, nothing is counted twice.
+    # A second consumer of the same topic and group sharing the metrics: the two add up.
     first["handled"] += 5  # not yet scraped when the second one follows
     second: Counter[str] = Counter()
     metrics.follow_outcomes("t", "g", second)
     second["handled"] += 1
     assert _value(metrics, "fileevents_records_total", outcome="handled", **labels) == 10
+    first["handled"] += 2
+    assert _value(metrics, "fileevents_records_total", outcome="handled", **labels) == 12

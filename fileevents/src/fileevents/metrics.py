@@ -182,7 +182,7 @@ class FileEventsMetrics(Collector):
             registry=None,
         )
         self._tallies: dict[tuple[str, str, str], RunTally] = {}
-        self._outcomes: dict[tuple[str, str], OutcomeTally] = {}
+        self._outcomes: list[OutcomeTally] = []
         self._settling = threading.Lock()
         self._all = (
             self.handled,
@@ -229,20 +229,17 @@ class FileEventsMetrics(Collector):
 
     def follow_outcomes(self, topic: str, group: str, counts: Mapping[str, int]) -> None:
         """Count `fileevents_records_total{topic, group}` from `counts` (outcome -> records,
-        only growing), settled at every collect; a consumer of the same topic and group
-        following later takes over from the one before (what it counted is kept)."""
+        only growing; one consumer's), settled at every collect: consumers of one topic and
+        group sharing these metrics add up."""
         with self._settling:
-            previous = self._outcomes.get((topic, group))
-            if previous is not None:
-                previous.settle()
-            self._outcomes[(topic, group)] = OutcomeTally(self.records, topic, group, counts)
+            self._outcomes.append(OutcomeTally(self.records, topic, group, counts))
 
     def settle(self) -> None:
         """Move what the tallies counted into the series (`collect` does it first)."""
         with self._settling:
             for tally in self._tallies.values():
                 tally.settle()
-            for outcomes in self._outcomes.values():
+            for outcomes in self._outcomes:
                 outcomes.settle()
 
     def collect(self) -> Iterator[Metric]:
