@@ -215,7 +215,7 @@ class FileEvents:
         self.outcomes: Counter[str] = Counter()
         """How many records ended each way (`Outcome` values), since this object exists;
         `fileevents_records_total` is counted from it."""
-        self.metrics.follow_outcomes(topic, group_id, self.outcomes)
+        self.metrics.follow_outcomes(self.topic, self.group_id, self.outcomes)
         self._registry = Registry()
         self._running = False
         self._stop_requested = asyncio.Event()
