@@ -12,8 +12,9 @@ at start), so that Ctrl-C stops them within that.
 
 What the commands say about Kafka comes from here, in one line each: no broker answering at
 start (`NoBroker`, from librdkafka's "all brokers down"), a topic the principal may not read
-(`refused_read`). librdkafka's own log lines go to streams.engine.librdkafka's logger, which
-the commands silence (the lines would repeat what the command says, per reconnect).
+(`refused_read`). librdkafka's own log lines go to a logger of the commands' own, which drops
+them (`silent_log`: they would repeat what the command says, per reconnect); the engine's
+logger is left as it is for whatever else runs in the process.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message
 from confluent_kafka import TopicPartition as RdTopicPartition
 
-from streams.engine.librdkafka import LIBRDKAFKA_LOGGER, librdkafka_log
+from streams.engine.librdkafka import LIBRDKAFKA_LOGGER
 from streams.engine.librdkafka.consumer import fetch_bounds, headers_unreadable
 from streams.engine.topics import DEAD_LETTER_MAX_MESSAGE_BYTES
 from streams.kafka_settings import KafkaSettings
@@ -86,11 +87,18 @@ class BrokerWatch:
         self.all_down = self.said_down = False
 
 
+def silent_log() -> logging.Logger:
+    """A logger for the commands' clients that drops every librdkafka line: not registered
+    in the logging tree (no parent, no handler, a level above CRITICAL), so silencing it
+    touches neither the engine's logger (streams.engine.librdkafka) nor any other of the
+    process (a command called in-process, as the tests do, left it at CRITICAL before)."""
+    return logging.Logger(f"{LIBRDKAFKA_LOGGER}.commands", logging.CRITICAL + 1)
+
+
 def reader_config(kafka: KafkaSettings, client_id: str, watch: BrokerWatch) -> dict[str, Any]:
     """librdkafka properties of a command's consumer (module docstring). Its fetches are
     bounded as the stages' are, by the largest record a topic of the stream holds (a dead
     letter), which a fetch always brings whole."""
-    logging.getLogger(LIBRDKAFKA_LOGGER).setLevel(logging.CRITICAL)  # the command says it
     return {
         **kafka.librdkafka_config(),
         **fetch_bounds(DEAD_LETTER_MAX_MESSAGE_BYTES),
@@ -101,7 +109,7 @@ def reader_config(kafka: KafkaSettings, client_id: str, watch: BrokerWatch) -> d
         "isolation.level": "read_committed",  # exactly_once writes the topics in transactions
         "enable.partition.eof": True,
         "error_cb": watch,
-        "logger": librdkafka_log(),  # its lines through the log, never raw on stderr
+        "logger": silent_log(),  # never raw on stderr; the command says what went wrong
     }
 
 

@@ -326,8 +326,8 @@ def producer_config(kafka: KafkaSettings, watch: Any) -> dict[str, Any]:
     the raw topic's limit, and the Java client's partitioner, as the worker's producers
     (streams.engine.librdkafka.producer): a republished keyed record goes to the partition
     the worker's own would (streams.core.partitioning)."""
-    from streams.engine.librdkafka import librdkafka_log
     from streams.engine.topics import RAW_MAX_MESSAGE_BYTES
+    from streams.reader import silent_log
 
     return {
         **kafka.librdkafka_config(),
@@ -338,7 +338,7 @@ def producer_config(kafka: KafkaSettings, watch: Any) -> dict[str, Any]:
         "linger.ms": 5,
         "partitioner": "murmur2_random",
         "error_cb": watch,
-        "logger": librdkafka_log(),  # its lines through the log, never raw on stderr
+        "logger": silent_log(),  # never raw on stderr; the command says what went wrong
     }
 
 
