@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -38,6 +36,7 @@ from consumer_support import (
     run_until,
     unique,
 )
+from support.kafka_io import write_header_name
 
 from fileevents import EventContext, Failure, FileEvent, FileEvents, Outcome, RetryPolicy
 from fileevents.codec import MAX_DEPTH, decode_event
@@ -399,44 +398,11 @@ def test_a_record_too_large_to_dead_letter_with_its_bytes_is_dead_lettered_witho
 
 # aiokafka's C record builder refuses such a header name; its pure-Python one writes what a
 # str subclass's encode() returns, as librdkafka or franz-go clients write any bytes.
-WRITE_UNREADABLE_HEADER_NAME = """
-import asyncio, sys
-from aiokafka import AIOKafkaProducer
-
-class NotUtf8(str):
-    def encode(self, *args, **kwargs):
-        return b"trace\\xff\\xfe"
-
-async def main(bootstrap, topic, partition):
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        sent = await producer.send_and_wait(
-            topic,
-            b"{}",
-            key=b"inbox/report.pdf",
-            headers=[(NotUtf8("trace"), b"1")],
-            partition=partition,
-        )
-    finally:
-        await producer.stop()
-    print(sent.offset)
-
-asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
-"""
-
-
 def write_unreadable(bootstrap: str, topic: str, partition: int = 0) -> int:
     """Write a record whose header name is not UTF-8 to `topic`; its offset."""
-    done = subprocess.run(
-        [sys.executable, "-c", WRITE_UNREADABLE_HEADER_NAME, bootstrap, topic, str(partition)],
-        env={**os.environ, "AIOKAFKA_NO_EXTENSIONS": "1"},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
+    return write_header_name(
+        bootstrap, topic, partition, b"inbox/report.pdf", b"trace\xff\xfe", b"{}"
     )
-    return int(done.stdout.strip())
 
 
 def test_a_record_aiokafka_cannot_parse_is_dead_lettered_by_position(

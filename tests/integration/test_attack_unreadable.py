@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from support.kafka_io import Read, read_topic
+from support.kafka_io import Read, read_topic, write_header_name
 from support.payloads import s3_record
 from support.worker import Topology, Worker, wait_for
 
@@ -146,52 +143,6 @@ def write(
 
 # aiokafka's C record builder refuses such a header name; its pure-Python one writes what a
 # str subclass's encode() returns, as librdkafka, franz-go or a hand-built batch write any bytes.
-WRITE_HEADER_NAME = """
-import asyncio, sys
-from aiokafka import AIOKafkaProducer
-
-class Raw(str):
-    def encode(self, *args, **kwargs):
-        return bytes.fromhex(sys.argv[5])
-
-async def main(bootstrap, topic, partition, key_hex, name_hex, value_hex):
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        sent = await producer.send_and_wait(
-            topic,
-            bytes.fromhex(value_hex),
-            key=bytes.fromhex(key_hex),
-            headers=[(Raw("x"), b"1")],
-            partition=partition,
-        )
-    finally:
-        await producer.stop()
-    print(sent.offset)
-
-asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]))
-"""
-
-
-def write_header_name(
-    bootstrap: str, topic: str, partition: int, key: bytes, name: bytes, value: bytes
-) -> int:
-    """One record whose only header is named `name` (any bytes); its offset."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            *("-c", WRITE_HEADER_NAME, bootstrap, topic, str(partition)),
-            *(key.hex(), name.hex(), value.hex()),
-        ],
-        env={**os.environ, "AIOKAFKA_NO_EXTENSIONS": "1"},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return int(done.stdout.strip())
-
-
 def same_partition_key(partition: int) -> str:
     """An object key of the `default` instance whose events go to repartition `partition`."""
     while True:

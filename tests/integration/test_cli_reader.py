@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from support.kafka_io import create_topic, read_topic
+from support.kafka_io import create_topic, read_topic, write_header_name
 
 from streams.core.partitioning import partition_for
 from streams.core.records import RawRecord, dead_letter_record
@@ -29,45 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 BAD_NAME = b"\xff\xfeX"
 """A header name that is not UTF-8: Kafka takes any bytes, confluent-kafka cannot read it."""
 
+
 # aiokafka's C record builder refuses such a header name; its pure-Python one writes what a
 # str subclass's encode() returns, as librdkafka, franz-go or a hand-built batch write any bytes
 # (as tests/integration/test_attack_unreadable.py does).
-WRITE_HEADER_NAME = """
-import asyncio, sys
-from aiokafka import AIOKafkaProducer
-
-class Raw(str):
-    def encode(self, *args, **kwargs):
-        return bytes.fromhex(sys.argv[4])
-
-async def main(bootstrap, topic, value_hex):
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        sent = await producer.send_and_wait(
-            topic, bytes.fromhex(value_hex), key=b"k", headers=[(Raw("x"), b"1")], partition=0
-        )
-    finally:
-        await producer.stop()
-    print(sent.offset)
-
-asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3]))
-"""
-
-
-def write_header_name(bootstrap: str, topic: str, value: bytes) -> int:
-    """One record on partition 0 whose only header is named BAD_NAME; its offset."""
-    done = subprocess.run(
-        [sys.executable, "-c", WRITE_HEADER_NAME, bootstrap, topic, value.hex(), BAD_NAME.hex()],
-        env={**os.environ, "AIOKAFKA_NO_EXTENSIONS": "1"},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return int(done.stdout.strip())
-
-
 def produce(
     bootstrap: str, topic: str, records: list[tuple[bytes, list[tuple[str, bytes]]]]
 ) -> None:
@@ -197,7 +162,7 @@ def test_a_header_name_that_is_not_utf8_stops_neither_tail_nor_dead_letters(
     topic = topic_name("unreadable-headers")
     asyncio.run(create_topic(kafka_bootstrap, topic))
     produce(kafka_bootstrap, topic, [(b'{"n": 1}', [("ce_id", b"s3:1")])])
-    offset = write_header_name(kafka_bootstrap, topic, b'{"n": 2}')
+    offset = write_header_name(kafka_bootstrap, topic, 0, b"k", BAD_NAME, b'{"n": 2}')
     produce(kafka_bootstrap, topic, [(b'{"n": 3}', [("error", b"not JSON")])])
     reason = (
         f"the headers of the record at {topic}[0]@{offset} cannot be read: a header name is "
@@ -241,7 +206,7 @@ def test_replay_skips_a_letter_whose_headers_cannot_be_read_and_replays_the_othe
     delivery = RawRecord(raw_topic, b"fixed-body", {"source": b"s3", "delivery-id": b"d-1"})
     letter = dead_letter_record(dead_topic, delivery, b"k", "s3: bug", "normalize")
     produce(kafka_bootstrap, dead_topic, [(letter.value or b"", list(letter.headers))])
-    offset = write_header_name(kafka_bootstrap, dead_topic, b"unreadable-body")
+    offset = write_header_name(kafka_bootstrap, dead_topic, 0, b"k", BAD_NAME, b"unreadable-body")
     produce(kafka_bootstrap, dead_topic, [(letter.value or b"", list(letter.headers))])
     config = tmp_path / "streams.toml"
     config.write_text(

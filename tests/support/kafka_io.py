@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -146,3 +149,51 @@ async def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     finally:
         await admin.close()
     return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
+
+
+WRITE_HEADER_NAME = """
+import asyncio, sys
+from aiokafka import AIOKafkaProducer
+
+class Raw(str):
+    def encode(self, *args, **kwargs):
+        return bytes.fromhex(sys.argv[5])
+
+async def main(bootstrap, topic, partition, key_hex, name_hex, value_hex):
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        sent = await producer.send_and_wait(
+            topic,
+            bytes.fromhex(value_hex),
+            key=bytes.fromhex(key_hex),
+            headers=[(Raw("x"), b"1")],
+            partition=partition,
+        )
+    finally:
+        await producer.stop()
+    print(sent.offset)
+
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]))
+"""
+
+
+def write_header_name(
+    bootstrap: str, topic: str, partition: int, key: bytes, name: bytes, value: bytes
+) -> int:
+    """One record whose only header is named `name` (any bytes: Kafka allows them, and no
+    client of the product writes such a name); its offset. aiokafka's pure-Python producer
+    writes it, in a process of its own (`AIOKAFKA_NO_EXTENSIONS`)."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            *("-c", WRITE_HEADER_NAME, bootstrap, topic, str(partition)),
+            *(key.hex(), name.hex(), value.hex()),
+        ],
+        env={**os.environ, "AIOKAFKA_NO_EXTENSIONS": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return int(done.stdout.strip())
