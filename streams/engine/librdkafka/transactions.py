@@ -244,6 +244,9 @@ class _Request:
     Otherwise only the last record of each dictated partition (changelog) gets one: a
     committed transaction has every record, and the state needs only where those end."""
     rounds: list[Round] = field(default_factory=list)
+    places: int = -1
+    """`_places` of it, once counted (a request left for the next transaction is not counted
+    again)."""
 
 
 def _places(request: _Request, partitions: Mapping[str, int]) -> int:
@@ -271,7 +274,9 @@ def _within_places(
         return queue, []
     total = 0
     for index, request in enumerate(queue):
-        total += _places(request, partitions)
+        if request.places < 0:
+            request.places = _places(request, partitions)
+        total += request.places
         if index and total > MAX_TRANSACTION_PLACES:
             return queue[:index], queue[index:]
     return queue, []
