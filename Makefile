@@ -143,14 +143,16 @@ kafka-fetch:
 run: install
 	@$(BIN)/python dev/run.py
 
-# The whole suite, slow tests included (CI runs exactly this), then the fast suites on the
-# other Pythons the project supports where they are installed (dev/other_pythons.sh; not with
-# PYTEST_ARGS, which picks tests).
+# The whole suite, slow tests included (CI runs exactly this), and beside it (dev/beside.sh:
+# niced, its output after the main suite's) the fast suites on the other Pythons the project
+# supports where they are installed (dev/other_pythons.sh) and the fileevents distribution
+# alone (dev/fileevents-alone.sh); not with PYTEST_ARGS, which picks tests.
 OTHER_PYTHONS ?= 3.12 3.13
+MAIN_SUITE = PUBSUB_FAKE_BIN=$(abspath $(PUBSUB_FAKE)) $(BIN)/python -m pytest
 test: test-deps install kafka-fetch
-	PUBSUB_FAKE_BIN=$(abspath $(PUBSUB_FAKE)) $(BIN)/python -m pytest $(PYTEST_ARGS)
-	$(if $(PYTEST_ARGS),,@dev/other_pythons.sh $(OTHER_PYTHONS))
-	$(if $(PYTEST_ARGS),,@dev/fileevents-alone.sh $(FILEEVENTS_PYTHONS))
+	$(if $(PYTEST_ARGS),$(MAIN_SUITE) $(PYTEST_ARGS),@dev/beside.sh \
+	  "dev/other_pythons.sh $(OTHER_PYTHONS); s=\$$?; dev/fileevents-alone.sh $(FILEEVENTS_PYTHONS) && exit \$$s" \
+	  env $(MAIN_SUITE))
 
 # The consumer library's distribution installed alone (no storage-events) in a fresh
 # virtualenv of the oldest and the newest Python it supports, its suite run there against a
