@@ -504,14 +504,8 @@ def command_dead_letters(args: argparse.Namespace) -> int:
 
 
 def command_status(args: argparse.Namespace) -> int:
-    import logging
-
     from streams import status
 
-    # It says itself, in one line, when Kafka cannot be read: not librdkafka's line per retry.
-    from streams.engine.librdkafka import LIBRDKAFKA_LOGGER
-
-    logging.getLogger(LIBRDKAFKA_LOGGER).setLevel(logging.CRITICAL)
     settings = load_settings(args.config)
     urls = args.worker or [f"http://127.0.0.1:{settings.stream.web_port}"]
     try:

@@ -47,11 +47,11 @@ from confluent_kafka.admin._listoffsets import OffsetSpec
 from prometheus_client.parser import text_string_to_metric_families
 
 from streams.config import InstanceConfig, Settings
-from streams.engine.librdkafka import librdkafka_log
-from streams.engine.membership import admin_client, describe, state_name
+from streams.engine.membership import describe, state_name
 from streams.engine.records import TopicPartition
 from streams.engine.topics import KEYS_TABLE, MARKS_TABLE, SEEN_TABLE, changelog_topic
 from streams.kafka_settings import KafkaSettings
+from streams.reader import silent_log
 
 LAST_RECORDS = 4
 """Offsets read back from each output partition's end to find its newest event: a
@@ -278,7 +278,9 @@ class _Kafka:
         config: dict[str, Any] = {
             **kafka.librdkafka_config(),
             "client.id": "storage-events-status",
-            "logger": librdkafka_log(),  # its lines through the log, never raw on stderr
+            # `status` says itself, in one line, when Kafka cannot be read: librdkafka's line
+            # per retry is dropped, by a logger of the commands' own (not the engine's).
+            "logger": silent_log(),
         }
         self.admin = AdminClient(config)
         self._consumer_config = {
@@ -347,7 +349,7 @@ class _Kafka:
     ) -> GroupStatus:
         # ConsumerGroupDescribe for a KIP-848 group (DescribeGroups answers "Dead" without
         # members for one), DescribeGroups for a classic one: streams.engine.membership.
-        described = describe(admin_client(self.kafka), name, CALL_TIMEOUT_S)
+        described = describe(self.admin, name, CALL_TIMEOUT_S)
         members = tuple(
             Member(
                 member.member_id,
