@@ -10,7 +10,8 @@ import asyncio
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from fileevents.partition import READY_PER_TASK, Dispatcher, PartitionState
+from fileevents.partition import DONE, READY_PER_TASK, Dispatcher, PartitionState
+from fileevents.processing import Job
 
 
 def record(offset: int, key: bytes) -> ConsumerRecord[bytes, bytes]:
@@ -34,10 +35,10 @@ def test_full_once_enough_records_may_start_and_room_again_at_half() -> None:
         release = asyncio.Event()
         started: list[int] = []
 
-        async def process(item: ConsumerRecord[bytes, bytes], stopping: asyncio.Event) -> bool:
-            started.append(item.offset)
+        async def process(job: Job) -> int:
+            started.append(job.record.offset)
             await release.wait()
-            return True
+            return DONE
 
         concurrency = 100
         dispatcher = Dispatcher(process, lambda state: None, concurrency, lambda n: None)
@@ -65,10 +66,10 @@ def test_a_slow_key_does_not_make_the_dispatcher_full() -> None:
     async def scenario() -> None:
         release = asyncio.Event()
 
-        async def process(item: ConsumerRecord[bytes, bytes], stopping: asyncio.Event) -> bool:
-            if item.key == b"slow":
+        async def process(job: Job) -> int:
+            if job.record.key == b"slow":
                 await release.wait()
-            return True
+            return DONE
 
         dispatcher = Dispatcher(process, lambda state: None, 4, lambda n: None)
         state = PartitionState(TopicPartition("t", 0))

@@ -33,8 +33,15 @@ from fileevents.dedupe import AnyDedupeStore, batching, check_store, store_name
 from fileevents.errors import WAIT_TIMEOUT, OnError, log_failure
 from fileevents.kafka_settings import KafkaAccessError, KafkaSettings, check_access
 from fileevents.metrics import FileEventsMetrics, serve
-from fileevents.partition import Dispatcher, PartitionState, decode_finished
-from fileevents.processing import EventProcessor, Outcome
+from fileevents.partition import (
+    AWAITING_RECORD,
+    DONE,
+    INTERRUPTED,
+    Dispatcher,
+    PartitionState,
+    decode_finished,
+)
+from fileevents.processing import RECORDING, EventProcessor, Job, Outcome
 from fileevents.registry import H, Registry, Selector, check_timeout, handler_name
 from fileevents.retry import RetryPolicy
 
@@ -385,7 +392,17 @@ class FileEvents:
 
     async def _consume(self, consumer: AIOKafkaConsumer) -> None:
         committer = asyncio.create_task(self._commit_continuously(), name="fileevents:commit")
-        dispatcher = Dispatcher(self._process, self._mark_done, self.max_concurrency, self._skipped)
+        processor = self._processor
+        assert processor is not None
+        dispatcher = Dispatcher(
+            self._process,
+            self._mark_done,
+            self.max_concurrency,
+            self._skipped,
+            processor.prepare,
+            self._recorded,
+        )
+        processor.on_recorded = dispatcher.recorded
         self._dispatcher = dispatcher
         graceful = False
         try:
@@ -401,6 +418,7 @@ class FileEvents:
             for state in states:
                 state.stopping.set()
             await dispatcher.close()  # cancels what still runs (not graceful)
+            await processor.close()  # dedupe writes not acknowledged by now stay uncommitted
             self._dispatcher = None
             await self._commit(states)
             self._committed.clear()
@@ -528,11 +546,16 @@ class FileEvents:
         if failed and tp in self._partitions:
             self._hand_out(consumer, tp, [UnreadableRecord.at(tp, failed[0], failed[-1], reason)])
 
-    async def _process(self, record: ConsumerRecord[bytes, bytes], stopping: asyncio.Event) -> bool:
+    async def _process(self, job: Job) -> int:
         assert self._processor is not None
-        outcome = await self._processor.process(record, stopping)
+        outcome = await self._processor.process(job)
+        if outcome is RECORDING:
+            return AWAITING_RECORD  # counted as handled once recorded (`_recorded`)
         self._count(outcome)
-        return outcome is not Outcome.INTERRUPTED
+        return DONE if outcome is not Outcome.INTERRUPTED else INTERRUPTED
+
+    def _recorded(self, records: int) -> None:
+        self._count(Outcome.HANDLED, records)
 
     def _count(self, outcome: Outcome, records: int = 1) -> None:
         self.outcomes[outcome.value] += records

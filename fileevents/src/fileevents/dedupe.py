@@ -2,11 +2,13 @@
 
 The library asks whether the store holds an event's id before running its handlers and
 records it once they all succeeded; an event that failed is never recorded, so a
-redelivery runs it again. It asks in batches: the events running at once (up to
-`max_concurrency`) are looked up together (`has_many`) and recorded together (`add_many`),
-one round trip each for a Redis store, every id still its own conditional write. The
-id it passes is `<group_id>|<scope>|<event.id>` (`dedupe_id`): groups sharing one store never
-skip each other's events, and one provider's ids never meet another's. The scope is the one
+redelivery runs it again. It asks in batches (`DedupeBatcher`): the events of a fetched
+batch are looked up together before they start (`has_many`), and the ids of handled events
+written together (`add_many`), every id still its own conditional write; an event is done
+with (its offset may be committed) once its id's write is acknowledged. A Redis store gets
+the writes and lookups of one exchange in one command. The id it passes is
+`<group_id>|<scope>|<event.id>` (`dedupe_id`): groups sharing one store never skip each
+other's events, and one provider's ids never meet another's. The scope is the one
 the stream dedupes in (streams.core.ordering `scope`: the provider, narrowed to the Azure
 storage account or the AWS partition; a `reconcile` event's is `reconcile`), so a B2
 `eventId` equal to a GCS change's id cannot make that change a duplicate here either.
@@ -26,6 +28,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+import msgspec
+
 from fileevents.errors import WAIT_TIMEOUT
 from fileevents.event import FileEvent, scope
 
@@ -33,6 +37,8 @@ if TYPE_CHECKING:  # redis is the `fileevents[redis]` extra: imported by RedisDe
     from redis.asyncio import Redis, RedisCluster
 
 _SWEEP_EVERY = 1024
+_json = msgspec.json.Encoder().encode
+_FOUND = ord("1")
 
 
 def dedupe_id(group_id: str, event: FileEvent) -> str:
@@ -107,133 +113,170 @@ def batching(store: AnyDedupeStore) -> DedupeStore:
 
 
 class DedupeBatcher:
-    """Gathers the lookups and records of the events running at once into one `has_many`
-    and one `add_many` each: a request waits at most until the event loop's next turn.
-    A store with `exchange(records, lookups, ttl)` (`RedisDedupeStore` on one Redis) gets
-    both in one call: one round trip for the records and the lookups of a turn.
+    """The consumer's traffic with a store, in batches: at most one exchange with the store
+    at a time, carrying every write and lookup asked for since the one before was sent (what
+    comes in while one is in flight goes in the next). A store with
+    `exchange(records, lookups, ttl)` (`RedisDedupeStore` on one Redis) gets both in one
+    call, one round trip; another gets an `add_many` and a `has_many`.
 
-    A failed batch fails each of its requests (the processor retries each, and those
-    retries batch again)."""
+    Lookups are asked for many ids at once (`look_up`: a fetched batch's events, answered by
+    one future); writes are queued (`write`) and told, in bulk, once acknowledged
+    (`on_written`) or failed (`on_write_failed`), so no task waits for them. A failed
+    exchange fails each of its lookups and writes: the processor retries each (never taking
+    an id for new or for done on a failure)."""
 
-    def __init__(self, store: AnyDedupeStore, ttl: timedelta, max_batch: int = 512) -> None:
+    def __init__(
+        self,
+        store: AnyDedupeStore,
+        ttl: timedelta,
+        on_written: Callable[[list[Any]], None] | None = None,
+        on_write_failed: Callable[[list[Any], Exception], None] | None = None,
+        max_batch: int = 2048,
+    ) -> None:
         self.store = batching(store)
         self.in_process = isinstance(store, MemoryDedupeStore)
         """An in-process store answers at once: nothing to gather, asked directly."""
-        self._ttl = ttl
+        self.ttl = ttl
+        self.on_written = on_written or _ignore
+        """Told the items `write` queued once the store holds their ids."""
+        self.on_write_failed = on_write_failed or _ignore_failed
+        """Told the items of a write that failed, and why: not written."""
         self._max_batch = max_batch
-        self._lookups: list[tuple[tuple[str, ...], asyncio.Future[bool]]] = []
-        self._records: list[tuple[str, asyncio.Future[None]]] = []
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._flushing = False
+        self._lookups: list[tuple[Sequence[str], asyncio.Future[list[bool]]]] = []
+        self._writes: list[tuple[str, Any]] = []
+        self._pump: asyncio.Task[None] | None = None
         exchange = getattr(self.store, "exchange", None)
         self._exchange: Exchange | None = exchange() if callable(exchange) else None
 
-    def seen(self, *event_ids: str) -> Awaitable[bool]:
+    def look_up(self, event_ids: Sequence[str]) -> asyncio.Future[list[bool]]:
+        """For each of `event_ids`, in order, whether the store holds it: answered by the
+        next exchange."""
+        future: asyncio.Future[list[bool]] = asyncio.get_running_loop().create_future()
+        self._lookups.append((event_ids, future))
+        self._start()
+        return future
+
+    async def seen(self, *event_ids: str) -> bool:
         """True when the store holds any of `event_ids` (one event's id, and within the
         upgrade window its id before scopes)."""
         if self.in_process:
-            return self._seen_now(event_ids)
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._soon()
-        self._lookups.append((event_ids, future))
-        return future
+            return any(await self.store.has_many(event_ids))
+        return any(await self.look_up(event_ids))
 
-    def record(self, event_id: str) -> Awaitable[None]:
-        """Done once the store holds `event_id` (for the TTL)."""
-        if self.in_process:
-            return self.store.add_many((event_id,), self._ttl)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._soon()
-        self._records.append((event_id, future))
-        return future
+    def write(self, event_id: str, item: Any) -> None:
+        """Record `event_id` in the next exchange; `item` goes to `on_written` once it is
+        (or to `on_write_failed`)."""
+        self._writes.append((event_id, item))
+        self._start()
 
-    async def _seen_now(self, event_ids: tuple[str, ...]) -> bool:
-        return any(await self.store.has_many(event_ids))
+    async def add(self, event_id: str) -> None:
+        """Record `event_id` now, on its own (an in-process store, and retries)."""
+        await self.store.add_many((event_id,), self.ttl)
 
-    def _soon(self) -> None:
-        if not self._flushing:
-            self._flushing = True
-            asyncio.get_running_loop().call_soon(self._flush)
+    async def close(self) -> None:
+        """Stop exchanging: what is queued or in flight is dropped (neither written nor
+        answered)."""
+        pump, self._pump = self._pump, None
+        if pump is not None and not pump.done():
+            pump.cancel()
+            await asyncio.wait([pump])
+        for _, future in self._lookups:
+            future.cancel()
+        self._lookups, self._writes = [], []
 
-    def _flush(self) -> None:
-        self._flushing = False
-        records, self._records = self._records, []
-        lookups, self._lookups = self._lookups, []
-        size = self._max_batch
-        if self._exchange is not None and len(records) <= size and len(lookups) <= size:
-            self._spawn(self._exchanged(self._exchange, records, lookups))
-            return
-        for start in range(0, len(lookups), size):
-            self._spawn(self._look_up(lookups[start : start + size]))
-        for start in range(0, len(records), size):
-            self._spawn(self._record(records[start : start + size]))
+    def _start(self) -> None:
+        if self._pump is None:
+            # A task, so everything asked for in this turn of the loop goes in one exchange.
+            self._pump = asyncio.get_running_loop().create_task(
+                self._run(), name="fileevents:dedupe"
+            )
 
-    async def _exchanged(
-        self,
-        exchange: Exchange,
-        records: list[tuple[str, asyncio.Future[None]]],
-        lookups: list[tuple[tuple[str, ...], asyncio.Future[bool]]],
-    ) -> None:
+    async def _run(self) -> None:
+        try:
+            while self._lookups or self._writes:
+                await self._exchange_once()
+        finally:
+            if self._pump is asyncio.current_task():
+                self._pump = None
+
+    def _take(self) -> tuple[list[tuple[str, Any]], list[tuple[Sequence[str], Any]]]:
+        """The writes and lookups of the next exchange: whole requests, about `max_batch`
+        ids at most (a request larger than that goes alone)."""
+        room = self._max_batch
+        writes = self._writes
+        if len(writes) > room:
+            writes, self._writes = writes[:room], writes[room:]
+        else:
+            self._writes = []
+        room -= len(writes)
+        lookups = self._lookups
+        taken = 0
+        size = 0
+        for event_ids, _ in lookups:
+            size += len(event_ids)
+            if taken and size > room:
+                break
+            taken += 1
+        lookups, self._lookups = lookups[:taken], lookups[taken:]
+        return writes, lookups
+
+    async def _exchange_once(self) -> None:
+        writes, lookups = self._take()
         ids = [one for event_ids, _ in lookups for one in event_ids]
+        written = [event_id for event_id, _ in writes]
+        write_error: Exception | None = None
+        lookup_error: Exception | None = None
+        found: list[bool] = []
         try:
-            found = await exchange([event_id for event_id, _ in records], ids, self._ttl)
-            if len(found) != len(ids):
-                raise RuntimeError(f"the store answered {len(found)} of {len(ids)} lookups")
-        except Exception as exc:
-            for _, pending in records:
-                if not pending.done():
-                    pending.set_exception(exc)
+            if self._exchange is not None:
+                try:
+                    found = await self._exchange(written, ids, self.ttl)
+                except Exception as exc:
+                    write_error = lookup_error = exc
+            else:
+                if written:
+                    try:
+                        await self.store.add_many(written, self.ttl)
+                    except Exception as exc:
+                        write_error = exc
+                if ids:
+                    try:
+                        found = await self.store.has_many(ids)
+                    except Exception as exc:
+                        lookup_error = exc
+        except asyncio.CancelledError:
             for _, future in lookups:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for _, done in records:
-            if not done.done():
-                done.set_result(None)
-        self._answer(lookups, found)
-
-    def _spawn(self, work: Any) -> None:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)  # held until done: the loop keeps weak references only
-        task.add_done_callback(self._tasks.discard)
-
-    async def _look_up(self, batch: list[tuple[tuple[str, ...], asyncio.Future[bool]]]) -> None:
-        ids = [one for event_ids, _ in batch for one in event_ids]
-        try:
-            found = await self.store.has_many(ids)
-            if len(found) != len(ids):
-                raise RuntimeError(
-                    f"{type(self.store).__name__}.has_many answered {len(found)} of {len(ids)}"
-                )
-        except Exception as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        self._answer(batch, found)
-
-    @staticmethod
-    def _answer(
-        batch: list[tuple[tuple[str, ...], asyncio.Future[bool]]], found: Sequence[bool]
-    ) -> None:
+                future.cancel()
+            raise
+        if lookup_error is None and len(found) != len(ids):
+            lookup_error = RuntimeError(
+                f"the dedupe store answered {len(found)} of {len(ids)} lookups"
+            )
+        if writes:
+            items = [item for _, item in writes]
+            if write_error is None:
+                self.on_written(items)
+            else:
+                self.on_write_failed(items, write_error)
         at = 0
-        for event_ids, future in batch:
-            hit = any(found[at : at + len(event_ids)])
+        for event_ids, future in lookups:
+            if future.done():  # cancelled
+                at += len(event_ids)
+                continue
+            if lookup_error is not None:
+                future.set_exception(lookup_error)
+                future.exception()  # its events read it; none may be left (revoked)
+            else:
+                future.set_result(found[at : at + len(event_ids)])
             at += len(event_ids)
-            if not future.done():
-                future.set_result(hit)
 
-    async def _record(self, batch: list[tuple[str, asyncio.Future[None]]]) -> None:
-        try:
-            await self.store.add_many([event_id for event_id, _ in batch], self._ttl)
-        except Exception as exc:
-            for _, future in batch:
-                if not future.done():
-                    future.set_exception(exc)
-            return
-        for _, future in batch:
-            if not future.done():
-                future.set_result(None)
+
+def _ignore(items: list[Any]) -> None:
+    return None
+
+
+def _ignore_failed(items: list[Any], error: Exception) -> None:
+    return None
 
 
 class DedupeStoreUnavailable(ConnectionError):
@@ -345,17 +388,21 @@ class MemoryDedupeStore:
 
 
 _EXCHANGE = """
-local recorded = tonumber(ARGV[2])
-for i = 1, recorded do
-    redis.call('SET', KEYS[i], '1', 'PX', ARGV[1], 'NX')
+local prefix, ttl = ARGV[1], ARGV[2]
+for _, id in ipairs(cjson.decode(ARGV[3])) do
+    redis.call('SET', prefix .. id, '1', 'PX', ttl, 'NX')
 end
 local found = {}
-for i = recorded + 1, #KEYS do
-    found[#found + 1] = redis.call('EXISTS', KEYS[i])
+for i, id in ipairs(cjson.decode(ARGV[4])) do
+    found[i] = redis.call('EXISTS', prefix .. id) == 1 and '1' or '0'
 end
-return found
+return table.concat(found)
 """
-"""Records (a conditional write per id), then lookups, in one command on one Redis."""
+"""Writes (a conditional write per id), then lookups, in one command on one Redis: the ids
+as two JSON arrays (two arguments, whatever their number: redis-py packs each argument in
+Python), the answers as one string of `0` and `1`. Keys are `ARGV[1]` (the prefix) and an
+id: on one Redis a script may name keys it was not given in `KEYS`; on a cluster, where it
+may not, `RedisDedupeStore` uses no script."""
 
 _ADD_MANY = """
 for _, key in ipairs(KEYS) do
@@ -370,11 +417,12 @@ class RedisDedupeStore:
     """Ids as Redis keys with a TTL (`SET <prefix><id> 1 PX <ttl> NX`), via `redis.asyncio`.
 
     Redis expires them itself, so the store stays bounded by the TTL. Several consumers
-    (processes, hosts) of one group share what they handled through it. A batch is one
-    command on one Redis: `MGET` to look ids up, a script running `SET ... PX ... NX` per
-    id to record them (each id still its own conditional write); on a `RedisCluster`,
-    whose keys of one batch live on many nodes, a pipeline of `EXISTS` / `SET NX` instead
-    (no MULTI; redis-py splits it per node).
+    (processes, hosts) of one group share what they handled through it. On one Redis the
+    consumer's exchange (`exchange()`: the writes, then the lookups) is one script call
+    running `SET ... PX ... NX` per id written and `EXISTS` per id looked up; `has_many` is
+    one `MGET`, `add_many` one script. On a `RedisCluster`, whose keys of one batch live on
+    many nodes, a pipeline of `EXISTS` / `SET NX` instead (no MULTI; redis-py splits it per
+    node).
     """
 
     def __init__(self, redis: Redis | RedisCluster, prefix: str = "fileevents:seen:") -> None:
@@ -399,10 +447,12 @@ class RedisDedupeStore:
         async def exchange(
             records: Sequence[str], lookups: Sequence[str], ttl: timedelta
         ) -> list[bool]:
-            keys = [prefix + event_id for event_id in records]
-            keys.extend(prefix + event_id for event_id in lookups)
-            found = await script(keys=keys, args=[ttl_ms(ttl), len(records)])
-            return [bool(one) for one in found]
+            found = await script(
+                keys=(), args=(prefix, ttl_ms(ttl), _json(records), _json(lookups))
+            )
+            if isinstance(found, str):  # a client with decode_responses=True
+                found = found.encode("ascii")
+            return [one == _FOUND for one in found]
 
         return exchange
 

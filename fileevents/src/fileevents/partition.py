@@ -4,7 +4,12 @@ The stream keys its output by object key, so every event of one key is on one pa
 in order there. `Dispatcher` runs up to `max_concurrency` events at a time over every
 assigned partition: each partition's records are queued per key (a lane), and a lane hands
 out its next record only once the one before it is done with. A record that is slow, or
-failing and waiting for its retry, holds back its own key alone.
+failing and waiting for its retry, holds back its own key alone. With a dedupe store, a
+handled event is done with once its id's write is acknowledged (`AWAITING_RECORD`, then
+`recorded`): its task goes on at once, its key and its offset wait for the write. Records
+become jobs (`prepare`: read ahead, looked up in one batch) as they become ready: at the
+fetch for a key with nothing in progress, else once the record before them is done with,
+so a lookup never runs before this consumer's write of an earlier event of its key.
 
 Offsets: `PartitionState` keeps the records handed out and not yet retired, in offset order.
 The offset to commit is the lowest one not done with yet (or, when all are, the one after the
@@ -23,10 +28,17 @@ from collections.abc import Awaitable, Callable, Iterable
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
-from fileevents.processing import CLOSING
+from fileevents.processing import CLOSING, Job
 
-Process = Callable[[ConsumerRecord[bytes, bytes], asyncio.Event], Awaitable[bool]]
-"""Handle one record; False when stopped before it was done (it must not be committed)."""
+DONE, INTERRUPTED, AWAITING_RECORD = 0, 1, 2
+"""What a `Process` made of a job: done with; stopped before it was done (it must not be
+committed); done with once its dedupe record is written (`Dispatcher.recorded`)."""
+Process = Callable[[Job], Awaitable[int]]
+"""Handle one job's record: `DONE`, `INTERRUPTED` or `AWAITING_RECORD`."""
+Prepare = Callable[["PartitionState", list[ConsumerRecord[bytes, bytes]]], list[Job]]
+"""Make records of a partition jobs that may start (`EventProcessor.prepare`)."""
+OnRecorded = Callable[[int], None]
+"""Told how many jobs left `AWAITING_RECORD` were done with."""
 OnDone = Callable[["PartitionState"], None]
 """Told each time a record of a partition is done with."""
 OnSkipped = Callable[[int], None]
@@ -92,6 +104,7 @@ class PartitionState:
         """The keys with a record ready or running, each with the records queued behind that
         one, in order (None: none; most keys, so no deque is made for them)."""
         self.in_flight = 0
+        """Its records running, or done running and their dedupe records being written."""
         self.idle = asyncio.Event()
         self.idle.set()
         self._offsets: deque[int] = deque()
@@ -164,13 +177,22 @@ class Dispatcher:
     """Up to `max_concurrency` records at once, over every partition, one per key at a time."""
 
     def __init__(
-        self, process: Process, on_done: OnDone, max_concurrency: int, on_skipped: OnSkipped
+        self,
+        process: Process,
+        on_done: OnDone,
+        max_concurrency: int,
+        on_skipped: OnSkipped,
+        prepare: Prepare | None = None,
+        on_recorded: OnRecorded | None = None,
     ) -> None:
         self._process = process
         self._on_done = on_done
         self._on_skipped = on_skipped
-        self._ready: deque[tuple[PartitionState, ConsumerRecord[bytes, bytes]]] = deque()
-        """Records that may start now: the first not done with of their key (one per key)."""
+        self._prepare: Prepare = prepare or _jobs
+        self._on_recorded = on_recorded or _not_counted
+        self._ready: deque[Job] = deque()
+        """Jobs that may start now: the first record not done with of their key (one per
+        key), prepared (read ahead, looked up) together as they became ready."""
         self._idle: deque[asyncio.Future[None]] = deque()
         """One future per task waiting for work: `add` wakes as many as it has records for
         (an `asyncio.Event` would wake every task for each fetched batch)."""
@@ -188,9 +210,9 @@ class Dispatcher:
 
     def add(self, state: PartitionState, records: Iterable[ConsumerRecord[bytes, bytes]]) -> None:
         """Queue fetched records of `state`'s partition, in offset order."""
-        lanes, ready = state.lanes, self._ready
+        lanes = state.lanes
         skipped = 0
-        readied = 0
+        fresh = []
         for record in records:
             taken = state.queue(record)
             if taken != RUN:
@@ -199,8 +221,7 @@ class Dispatcher:
             key = record.key
             if key not in lanes:
                 lanes[key] = None
-                ready.append((state, record))
-                readied += 1
+                fresh.append(record)
                 continue
             behind = lanes[key]
             if behind is None:
@@ -209,12 +230,54 @@ class Dispatcher:
         if skipped:
             self._on_skipped(skipped)
             self._on_done(state)
+        if fresh:
+            self._readied(self._prepare(state, fresh))
+
+    def _readied(self, jobs: list[Job]) -> None:
+        """`jobs` may start: queued, and as many waiting tasks woken."""
+        self._ready.extend(jobs)
+        readied = len(jobs)
         idle = self._idle
         while readied and idle:
             waiting = idle.popleft()
             if not waiting.done():
                 waiting.set_result(None)
                 readied -= 1
+
+    def recorded(self, jobs: list[Job]) -> None:
+        """`jobs`, left `AWAITING_RECORD`, have their dedupe records written: done with, and
+        the next record of each one's key may start (prepared together)."""
+        advanced: dict[PartitionState, list[ConsumerRecord[bytes, bytes]]] = {}
+        for job in jobs:
+            state = job.state
+            state.in_flight -= 1
+            if not state.in_flight:
+                state.idle.set()
+            following = self._advance(state, job.record)
+            if following is not None and not state.stopping.is_set():
+                advanced.setdefault(state, []).append(following)
+            elif state not in advanced:
+                advanced[state] = []
+        self._on_recorded(len(jobs))
+        for state, records in advanced.items():
+            self._on_done(state)
+            if records:
+                self._readied(self._prepare(state, records))
+
+    @staticmethod
+    def _advance(
+        state: PartitionState, record: ConsumerRecord[bytes, bytes]
+    ) -> ConsumerRecord[bytes, bytes] | None:
+        """`record` is done with: retire its offset; the next record of its key, if any."""
+        lanes, key = state.lanes, record.key
+        behind = lanes[key]
+        following = None
+        if behind:
+            following = behind.popleft()
+        else:
+            del lanes[key]
+        state.finish(record.offset)
+        return following
 
     def full(self) -> bool:
         """Whether enough records may start now that fetching more can wait (`room` is set
@@ -265,29 +328,36 @@ class Dispatcher:
                 idle.append(waiting)
                 await waiting
                 continue
-            state, record = ready.popleft()
+            job = ready.popleft()
             if len(ready) <= self._ready_high // 2 and not self.room.is_set():
                 self.room.set()
+            state = job.state
             if state.stopping.is_set():
                 continue  # revoked or stopping: its records stay uncommitted
             if not state.in_flight:
                 state.idle.clear()
             state.in_flight += 1
             self.in_flight += 1
+            result = INTERRUPTED
             try:
-                done = await self._process(record, state.stopping)
+                result = await self._process(job)
             finally:
                 self.in_flight -= 1
-                state.in_flight -= 1
-                if not state.in_flight:
-                    state.idle.set()
-            if not done:
-                continue  # interrupted: stopping, its key stays blocked
-            lanes, key = state.lanes, record.key
-            behind = lanes[key]
-            if behind:
-                ready.append((state, behind.popleft()))
-            else:
-                del lanes[key]
-            state.finish(record.offset)
+                if result != AWAITING_RECORD:  # else in flight until `recorded`
+                    state.in_flight -= 1
+                    if not state.in_flight:
+                        state.idle.set()
+            if result != DONE:
+                continue  # interrupted: stopping, its key stays blocked; or recording
+            following = self._advance(state, job.record)
+            if following is not None:
+                ready.extend(self._prepare(state, [following]))
             self._on_done(state)
+
+
+def _jobs(state: PartitionState, records: list[ConsumerRecord[bytes, bytes]]) -> list[Job]:
+    return [Job(state, record) for record in records]
+
+
+def _not_counted(jobs: int) -> None:
+    return None

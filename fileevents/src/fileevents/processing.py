@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from aiokafka.structs import ConsumerRecord
 
@@ -37,6 +37,9 @@ from fileevents.event import FileEvent
 from fileevents.metrics import FileEventsMetrics
 from fileevents.registry import EventHandler, Registered, Registry
 from fileevents.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from fileevents.partition import PartitionState
 
 logger = logging.getLogger("fileevents")
 
@@ -68,6 +71,34 @@ class Outcome(enum.Enum):
 
 class _Interrupted(Exception):
     """Raised inside the processor when it must stop and leave the record unfinished."""
+
+
+RECORDING = None
+"""What `EventProcessor.process` returns for an event whose handlers succeeded and whose id
+is being written to the dedupe store: it is done with once the write is acknowledged
+(`EventProcessor.on_recorded`), not before, and no task waits for it."""
+
+
+class Job:
+    """A record handed out to run, with what was read of it ahead (`EventProcessor.prepare`):
+    its event and handlers, and where its dedupe lookup's answer will be."""
+
+    __slots__ = ("at", "error", "event", "handlers", "lookup", "record", "seen_id", "size", "state")
+
+    def __init__(self, state: PartitionState, record: ConsumerRecord[bytes, bytes]) -> None:
+        self.state = state
+        """Its partition's `PartitionState` (fileevents.partition)."""
+        self.record = record
+        self.event: FileEvent | None = None
+        self.error: Exception | None = None
+        """Why the record could not be read as an event, when read ahead."""
+        self.handlers: list[Registered] | None = None
+        self.lookup: asyncio.Future[list[bool]] | None = None
+        """The answer of the batch lookup its ids are in: `size` of them from `at`."""
+        self.at = 0
+        self.size = 0
+        self.seen_id = ""
+        """The id its dedupe record is written under (`dedupe_id`), when read ahead."""
 
 
 class _HandlerMetrics:
@@ -156,7 +187,16 @@ class EventProcessor:
         self._retry = retry
         self._dead_letters = dead_letters
         self._on_error = on_error
-        self._dedupe = None if dedupe is None else DedupeBatcher(dedupe, dedupe_ttl)
+        self._dedupe = (
+            None
+            if dedupe is None
+            else DedupeBatcher(dedupe, dedupe_ttl, self._written, self._write_failed)
+        )
+        self.on_recorded: Callable[[list[Job]], None] = _unheard
+        """Told the events whose ids the store now holds (those `process` left `RECORDING`):
+        done with now. The dispatcher's `recorded`."""
+        self._retrying: set[asyncio.Task[None]] = set()
+        """Writes being retried, one task each (held: the loop keeps weak references)."""
         window = dedupe_ttl if dedupe_legacy_window is None else dedupe_legacy_window
         self._legacy_until = time.monotonic() + max(window, timedelta(0)).total_seconds()
         """Until when (monotonic clock) a miss also reads the id's key before scopes."""
@@ -184,45 +224,110 @@ class EventProcessor:
     def _context(self, record: ConsumerRecord[bytes, bytes], attempt: int) -> EventContext:
         return EventContext.of(record, self._group_id, attempt)
 
-    async def process(
-        self, record: ConsumerRecord[bytes, bytes], stopping: asyncio.Event
-    ) -> Outcome:
-        """Handle `record`; once `stopping` is set, finish the running attempt, no more."""
+    def prepare(
+        self, state: PartitionState, records: list[ConsumerRecord[bytes, bytes]]
+    ) -> list[Job]:
+        """`records` (of `state`'s partition) as jobs that may start now. With a store that
+        is not in-process, each is read ahead and the ids of those with a handler are looked
+        up together, in one exchange with the store (with whatever else is asked for in this
+        turn of the loop): the events start with their answer there, or soon.
+
+        The dispatcher makes a record a job once no earlier event of its key is in progress
+        in this consumer (running, or its id being written): so its lookup is asked for
+        after every write this consumer made of an id of that key, and sees it."""
+        dedupe = self._dedupe
+        if dedupe is None or dedupe.in_process:
+            return [Job(state, record) for record in records]
+        jobs = []
+        ids: list[str] = []
+        asked: list[Job] = []
+        group = self._group_id
+        legacy = time.monotonic() < self._legacy_until
+        for record in records:
+            job = Job(state, record)
+            jobs.append(job)
+            if record.value is None:
+                continue  # a tombstone, or an UnreadableRecord: no event
+            try:
+                event = decode_record(record)
+            except Exception as exc:
+                job.error = exc
+                continue
+            job.event = event
+            job.handlers = handlers = self._registry.for_event(event)
+            if not handlers:
+                continue
+            job.at = len(ids)
+            job.seen_id = seen_id = dedupe_id(group, event)
+            ids.append(seen_id)
+            if legacy:
+                ids.append(legacy_dedupe_id(group, event))
+            job.size = len(ids) - job.at
+            asked.append(job)
+        if ids:
+            lookup = dedupe.look_up(ids)
+            for job in asked:
+                job.lookup = lookup
+        return jobs
+
+    async def process(self, job: Job) -> Outcome | None:
+        """Handle `job`'s record; once its partition is stopping, finish the running attempt,
+        no more. `RECORDING` (None): handled, done with once its id is written."""
         try:
-            return await self._process(record, stopping)
+            return await self._process(job)
         except _Interrupted:
             return Outcome.INTERRUPTED
 
-    async def _process(
-        self, record: ConsumerRecord[bytes, bytes], stopping: asyncio.Event
-    ) -> Outcome:
+    async def _process(self, job: Job) -> Outcome | None:
+        record = job.record
+        stopping = job.state.stopping
         if record.value is None and not isinstance(record, UnreadableRecord):
             logger.debug(
                 "%s[%d]@%d skipped: a tombstone", record.topic, record.partition, record.offset
             )
             return Outcome.TOMBSTONE
-        try:
-            event = decode_record(record)
-        except Exception as exc:
+        event = job.event
+        unreadable = job.error
+        if event is None and unreadable is None:
+            try:
+                event = decode_record(record)
+            except Exception as exc:
+                unreadable = exc
+        if event is None:
             # Whatever reading a hostile record raises, it is that record's fault: retrying
             # cannot help, and letting it out would stop the partition at it for good.
-            malformed = exc if isinstance(exc, EventDecodeError) else _unreadable(exc)
+            assert unreadable is not None
+            malformed = (
+                unreadable if isinstance(unreadable, EventDecodeError) else _unreadable(unreadable)
+            )
             context = self._context(record, 1)
             await self._report(Failure(None, context, DECODE, malformed, attempt=1, final=True))
             await self._dead_letter(record, None, context, DECODE, malformed, 1, stopping)
             self._series_of(DECODE).dead_lettered.inc()
             return Outcome.DEAD_LETTERED
 
-        pending = self._registry.for_event(event)
+        pending = job.handlers
+        if pending is None:
+            pending = self._registry.for_event(event)
         if not pending:
             return Outcome.NO_HANDLER
 
         dedupe = self._dedupe
         if dedupe is not None:
-            ids = self._lookup_ids(event)
+            lookup = job.lookup
+            ids = self._lookup_ids(event) if lookup is None else ()
             try:
-                seen = await dedupe.seen(*ids)
+                if lookup is None:
+                    seen = await dedupe.seen(*ids)
+                else:  # asked for when it was fetched (`prepare`): answered by now, or soon
+                    if not lookup.done():
+                        await lookup
+                    if lookup.cancelled():
+                        raise ConnectionError("the dedupe store's exchange was cancelled")
+                    seen = any(lookup.result()[job.at : job.at + job.size])
             except Exception as exc:
+                if not ids:
+                    ids = self._lookup_ids(event)
                 seen = await self._reliably(
                     lambda: dedupe.seen(*ids), event, record, stopping, failed=exc
                 )
@@ -251,20 +356,61 @@ class EventProcessor:
             attempt += 1
 
         if dedupe is not None:
-            seen_id = ids[0]
+            seen_id = job.seen_id or dedupe_id(self._group_id, event)
+            if not dedupe.in_process:
+                job.event = job.handlers = None  # held until written: let them go now
+                dedupe.write(seen_id, job)
+                return RECORDING
             try:
-                try:
-                    await dedupe.record(seen_id)
-                except Exception as exc:
-                    await self._reliably(
-                        lambda: dedupe.record(seen_id), event, record, stopping, failed=exc
-                    )
-            except _Interrupted:
-                # The handlers did succeed: commit it rather than run them again elsewhere.
-                logger.warning(
-                    "event %r handled but not recorded in the dedupe store (stopping)", event.id
-                )
+                await dedupe.add(seen_id)
+            except Exception as exc:
+                await self._record_reliably(job, event, seen_id, exc)
         return Outcome.HANDLED
+
+    async def _record_reliably(
+        self, job: Job, event: FileEvent, seen_id: str, failed: Exception
+    ) -> None:
+        """Write `seen_id` until it works (its first try failed with `failed`), or until
+        `job`'s partition is stopping: the handlers did succeed, so it is then committed
+        rather than run again elsewhere."""
+        dedupe = self._dedupe
+        assert dedupe is not None
+        try:
+            await self._reliably(
+                lambda: dedupe.add(seen_id), event, job.record, job.state.stopping, failed=failed
+            )
+        except _Interrupted:
+            logger.warning(
+                "event %r handled but not recorded in the dedupe store (stopping)",
+                event.id,
+            )
+
+    def _written(self, jobs: list[Job]) -> None:
+        self.on_recorded(jobs)
+
+    def _write_failed(self, jobs: list[Job], error: Exception) -> None:
+        """A batch's write failed: each of its events retries its own (reported to
+        `on_error`, backing off), and is done with once written."""
+        for job in jobs:
+            task = asyncio.get_running_loop().create_task(self._retry_write(job, error))
+            self._retrying.add(task)
+            task.add_done_callback(self._retrying.discard)
+
+    async def _retry_write(self, job: Job, error: Exception) -> None:
+        event = decode_record(job.record)  # read once already: let go while it was written
+        await self._record_reliably(job, event, job.seen_id, error)
+        self.on_recorded([job])
+
+    async def close(self) -> None:
+        """Stop the store's exchanges and the writes being retried: their events stay
+        unfinished (not committed)."""
+        tasks = list(self._retrying)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        if self._dedupe is not None:
+            await self._dedupe.close()
 
     async def _run(
         self,
@@ -417,6 +563,10 @@ class EventProcessor:
         except Exception:
             logger.exception("on_error raised; the failure it was given follows")
             log_failure(failure)
+
+
+def _unheard(jobs: list[Job]) -> None:
+    return None
 
 
 def _timed_out(handler: Registered, seconds: float | None) -> HandlerTimeout:
