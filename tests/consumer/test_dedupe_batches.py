@@ -17,11 +17,25 @@ from datetime import timedelta
 
 import pytest
 import redis.asyncio as redis
-from consumer_support import committed, create_topics, event, eventually, produce_events, unique
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+from consumer_support import (
+    ce_headers,
+    committed,
+    create_topics,
+    event,
+    eventually,
+    produce_events,
+    unique,
+)
 from support.redis_server import RedisServer
 
 from fileevents import Failure, FileEvent, FileEvents, Outcome, RedisDedupeStore, RetryPolicy
+from fileevents.deadletter import DeadLetterWriter
 from fileevents.dedupe import dedupe_id
+from fileevents.partition import PartitionState
+from fileevents.processing import EventProcessor, Job
+from fileevents.registry import Registry
 
 
 class SetStore:
@@ -234,3 +248,54 @@ def test_the_redis_exchange_reads_and_writes_the_keys_the_single_calls_do(
     assert first == [True, True, False, False, False]  # written first, then looked up
     assert by_mget == first
     assert again == decoded == [True, True, True, False, False]
+
+
+def test_an_answer_read_ahead_under_another_id_is_not_used() -> None:
+    """The lookup made ahead reads only what an id is made of (`codec.read_identity`); the
+    event read as it starts is what counts: when its id differs, it is looked up again
+    under its own, the answer made ahead is not taken."""
+    item = event("notes/today.md", 1)
+    value = item.model_dump_json().encode()
+    record = ConsumerRecord(
+        topic="t",
+        partition=0,
+        offset=0,
+        timestamp=0,
+        timestamp_type=0,
+        key=item.key.encode(),
+        value=value,
+        checksum=None,
+        serialized_key_size=0,
+        serialized_value_size=len(value),
+        headers=ce_headers(item),
+    )
+    runs: list[str] = []
+
+    async def handle(received: FileEvent) -> None:
+        runs.append(received.id)
+
+    async def scenario() -> object:
+        registry = Registry()
+        registry.add("*", handle)
+        store = SetStore()
+        processor = EventProcessor(
+            registry,
+            "g",
+            RetryPolicy(),
+            DeadLetterWriter(None, "dlq"),  # type: ignore[arg-type]
+            lambda failure: None,
+            dedupe=store,
+            dedupe_legacy_window=timedelta(0),
+        )
+        job = Job(PartitionState(TopicPartition("t", 0)), record)
+        job.lookup = asyncio.get_running_loop().create_future()
+        job.lookup.set_result([True])  # "seen", but under another id than the event's
+        job.seen_id, job.size = "g|s3|another", 1
+        outcome = await processor.process(job)
+        assert job.seen_id == dedupe_id("g", item)
+        await processor.close()
+        return outcome
+
+    outcome = asyncio.run(scenario())
+    assert outcome is None, "the answer read ahead under another id was taken"  # RECORDING
+    assert runs == [item.id]

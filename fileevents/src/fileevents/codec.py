@@ -196,6 +196,30 @@ class _WrittenEvent(msgspec.Struct, forbid_unknown_fields=True):
 
 _read_written = msgspec.json.Decoder(_WrittenEvent).decode
 
+
+class Identity(msgspec.Struct):
+    """What an event's dedupe id is made of (`id`, and `provider` and `raw` for its scope),
+    and its `type`, read alone: the other fields are skipped."""
+
+    id: str
+    type: str
+    provider: str
+    raw: dict[str, Any] | None = None
+
+
+_read_identity = msgspec.json.Decoder(Identity).decode
+
+
+def read_identity(value: bytes) -> Identity | None:
+    """The `Identity` of the event in `value`, None when it cannot be read so: cheap, and
+    kept by no one, to look the event's id up ahead of it. Not a decision: the event read
+    by `decode_record` later is what counts (the caller compares the ids)."""
+    try:
+        return _read_identity(value)
+    except Exception:  # any value: what it is is decode_record's to say
+        return None
+
+
 _WRITTEN_TIME = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{6})?Z"
 ).fullmatch

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import msgspec
 
 from fileevents.errors import WAIT_TIMEOUT
-from fileevents.event import FileEvent, scope
+from fileevents.event import Scoped, scope
 
 if TYPE_CHECKING:  # redis is the `fileevents[redis]` extra: imported by RedisDedupeStore only
     from redis.asyncio import Redis, RedisCluster
@@ -41,7 +41,14 @@ _json = msgspec.json.Encoder().encode
 _FOUND = ord("1")
 
 
-def dedupe_id(group_id: str, event: FileEvent) -> str:
+class Identified(Scoped, Protocol):
+    """What `dedupe_id` reads of an event: a `FileEvent`, or its `codec.Identity`."""
+
+    @property
+    def id(self) -> str: ...
+
+
+def dedupe_id(group_id: str, event: Identified) -> str:
     """The id the store sees for `event` handled by `group_id`: `<group_id>|<scope>|<id>`.
 
     A scope holds no `|` (nor `:`), so within one group no two (scope, id) share an id, and
@@ -49,7 +56,7 @@ def dedupe_id(group_id: str, event: FileEvent) -> str:
     return f"{group_id}|{scope(event)}|{event.id}"
 
 
-def legacy_dedupe_id(group_id: str, event: FileEvent) -> str:
+def legacy_dedupe_id(group_id: str, event: Identified) -> str:
     """The id the store saw for `event` before scopes: `<group_id>:<event.id>`, whatever
     provider issued it. Read during the upgrade window only, never written."""
     return f"{group_id}:{event.id}"

@@ -7,9 +7,9 @@ out its next record only once the one before it is done with. A record that is s
 failing and waiting for its retry, holds back its own key alone. With a dedupe store, a
 handled event is done with once its id's write is acknowledged (`AWAITING_RECORD`, then
 `recorded`): its task goes on at once, its key and its offset wait for the write. Records
-become jobs (`prepare`: read ahead, looked up in one batch) as they become ready: at the
-fetch for a key with nothing in progress, else once the record before them is done with,
-so a lookup never runs before this consumer's write of an earlier event of its key.
+become jobs (`prepare`: their ids read ahead and looked up in one batch) as they become
+ready: at the fetch for a key with nothing in progress, else once the record before them is
+done with, so a lookup never runs before this consumer's write of an earlier event of its key.
 
 Offsets: `PartitionState` keeps the records handed out and not yet retired, in offset order.
 The offset to commit is the lowest one not done with yet (or, when all are, the one after the

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from aiokafka.structs import ConsumerRecord
 
-from fileevents.codec import UnreadableRecord, decode_record
+from fileevents.codec import UnreadableRecord, decode_record, read_identity
 from fileevents.context import EventContext
 from fileevents.deadletter import DeadLetterWriter, describe
 from fileevents.dedupe import AnyDedupeStore, DedupeBatcher, dedupe_id, legacy_dedupe_id
@@ -80,25 +80,21 @@ is being written to the dedupe store: it is done with once the write is acknowle
 
 
 class Job:
-    """A record handed out to run, with what was read of it ahead (`EventProcessor.prepare`):
-    its event and handlers, and where its dedupe lookup's answer will be."""
+    """A record handed out to run, and where its dedupe lookup's answer will be, when it was
+    looked up ahead (`EventProcessor.prepare`)."""
 
-    __slots__ = ("at", "error", "event", "handlers", "lookup", "record", "seen_id", "size", "state")
+    __slots__ = ("at", "lookup", "record", "seen_id", "size", "state")
 
     def __init__(self, state: PartitionState, record: ConsumerRecord[bytes, bytes]) -> None:
         self.state = state
         """Its partition's `PartitionState` (fileevents.partition)."""
         self.record = record
-        self.event: FileEvent | None = None
-        self.error: Exception | None = None
-        """Why the record could not be read as an event, when read ahead."""
-        self.handlers: list[Registered] | None = None
         self.lookup: asyncio.Future[list[bool]] | None = None
         """The answer of the batch lookup its ids are in: `size` of them from `at`."""
         self.at = 0
         self.size = 0
         self.seen_id = ""
-        """The id its dedupe record is written under (`dedupe_id`), when read ahead."""
+        """The id its dedupe record is written under (`dedupe_id`)."""
 
 
 class _HandlerMetrics:
@@ -213,10 +209,9 @@ class EventProcessor:
         provider scope that issued the id (fileevents.dedupe `dedupe_id`)."""
         return dedupe_id(self._group_id, event)
 
-    def _lookup_ids(self, event: FileEvent) -> tuple[str, ...]:
-        """The ids under which the store may hold `event`: its scoped id; within the upgrade
-        window its id before scopes too (fileevents.dedupe), asked in the same batch."""
-        scoped = dedupe_id(self._group_id, event)
+    def _lookup_ids(self, event: FileEvent, scoped: str) -> tuple[str, ...]:
+        """The ids under which the store may hold `event`: its scoped id (`scoped`); within
+        the upgrade window its id before scopes too (fileevents.dedupe), asked together."""
         if time.monotonic() < self._legacy_until:
             return scoped, legacy_dedupe_id(self._group_id, event)
         return (scoped,)
@@ -228,9 +223,11 @@ class EventProcessor:
         self, state: PartitionState, records: list[ConsumerRecord[bytes, bytes]]
     ) -> list[Job]:
         """`records` (of `state`'s partition) as jobs that may start now. With a store that
-        is not in-process, each is read ahead and the ids of those with a handler are looked
+        is not in-process, what each one's dedupe id is made of is read ahead
+        (`codec.read_identity`), and the ids of those a handler is registered for are looked
         up together, in one exchange with the store (with whatever else is asked for in this
-        turn of the loop): the events start with their answer there, or soon.
+        turn of the loop): the events start with their answer there, or soon. The event is
+        read as it starts, and its id compared (a differing one is looked up again).
 
         The dispatcher makes a record a job once no earlier event of its key is in progress
         in this consumer (running, or its id being written): so its lookup is asked for
@@ -243,25 +240,24 @@ class EventProcessor:
         asked: list[Job] = []
         group = self._group_id
         legacy = time.monotonic() < self._legacy_until
+        selectors = self._registry.selectors
+        every = "*" in selectors
         for record in records:
             job = Job(state, record)
             jobs.append(job)
-            if record.value is None:
+            value = record.value
+            if value is None:
                 continue  # a tombstone, or an UnreadableRecord: no event
-            try:
-                event = decode_record(record)
-            except Exception as exc:
-                job.error = exc
-                continue
-            job.event = event
-            job.handlers = handlers = self._registry.for_event(event)
-            if not handlers:
+            # Only what the id is made of: the event itself is read as it starts, and dies
+            # young (holding fetched events decoded made the collector walk them).
+            identity = read_identity(value)
+            if identity is None or not (every or identity.type in selectors):
                 continue
             job.at = len(ids)
-            job.seen_id = seen_id = dedupe_id(group, event)
+            job.seen_id = seen_id = dedupe_id(group, identity)
             ids.append(seen_id)
             if legacy:
-                ids.append(legacy_dedupe_id(group, event))
+                ids.append(legacy_dedupe_id(group, identity))
             job.size = len(ids) - job.at
             asked.append(job)
         if ids:
@@ -286,36 +282,30 @@ class EventProcessor:
                 "%s[%d]@%d skipped: a tombstone", record.topic, record.partition, record.offset
             )
             return Outcome.TOMBSTONE
-        event = job.event
-        unreadable = job.error
-        if event is None and unreadable is None:
-            try:
-                event = decode_record(record)
-            except Exception as exc:
-                unreadable = exc
-        if event is None:
+        try:
+            event = decode_record(record)
+        except Exception as exc:
             # Whatever reading a hostile record raises, it is that record's fault: retrying
             # cannot help, and letting it out would stop the partition at it for good.
-            assert unreadable is not None
-            malformed = (
-                unreadable if isinstance(unreadable, EventDecodeError) else _unreadable(unreadable)
-            )
+            malformed = exc if isinstance(exc, EventDecodeError) else _unreadable(exc)
             context = self._context(record, 1)
             await self._report(Failure(None, context, DECODE, malformed, attempt=1, final=True))
             await self._dead_letter(record, None, context, DECODE, malformed, 1, stopping)
             self._series_of(DECODE).dead_lettered.inc()
             return Outcome.DEAD_LETTERED
 
-        pending = job.handlers
-        if pending is None:
-            pending = self._registry.for_event(event)
+        pending = self._registry.for_event(event)
         if not pending:
             return Outcome.NO_HANDLER
 
         dedupe = self._dedupe
         if dedupe is not None:
             lookup = job.lookup
-            ids = self._lookup_ids(event) if lookup is None else ()
+            seen_id = dedupe_id(self._group_id, event)
+            if seen_id != job.seen_id:  # not looked up ahead, or under another id
+                lookup = None
+                job.seen_id = seen_id
+            ids = self._lookup_ids(event, seen_id) if lookup is None else ()
             try:
                 if lookup is None:
                     seen = await dedupe.seen(*ids)
@@ -327,7 +317,7 @@ class EventProcessor:
                     seen = any(lookup.result()[job.at : job.at + job.size])
             except Exception as exc:
                 if not ids:
-                    ids = self._lookup_ids(event)
+                    ids = self._lookup_ids(event, seen_id)
                 seen = await self._reliably(
                     lambda: dedupe.seen(*ids), event, record, stopping, failed=exc
                 )
@@ -356,9 +346,8 @@ class EventProcessor:
             attempt += 1
 
         if dedupe is not None:
-            seen_id = job.seen_id or dedupe_id(self._group_id, event)
+            seen_id = job.seen_id
             if not dedupe.in_process:
-                job.event = job.handlers = None  # held until written: let them go now
                 dedupe.write(seen_id, job)
                 return RECORDING
             try:
@@ -397,7 +386,7 @@ class EventProcessor:
             task.add_done_callback(self._retrying.discard)
 
     async def _retry_write(self, job: Job, error: Exception) -> None:
-        event = decode_record(job.record)  # read once already: let go while it was written
+        event = decode_record(job.record)  # read once already: not held while written
         await self._record_reliably(job, event, job.seen_id, error)
         self.on_recorded([job])
 

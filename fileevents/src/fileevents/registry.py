@@ -90,6 +90,8 @@ class Registry:
 
     def __init__(self) -> None:
         self._registered: list[Registered] = []
+        self.selectors: set[str] = set()
+        """The selectors handlers are registered for (`*`, `created`, `deleted`)."""
 
     def add(self, selector: str, handler: Handler, timeout: timedelta | None = None) -> Registered:
         if selector not in _SELECTORS:
@@ -105,6 +107,7 @@ class Registry:
             timeout,
         )
         self._registered.append(registered)
+        self.selectors.add(selector)
         return registered
 
     def for_event(self, event: FileEvent) -> list[Registered]:
