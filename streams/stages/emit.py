@@ -11,7 +11,9 @@ holds them.
 Each partition's part of a batch is planned at once (streams.core.emitting.plan_batch),
 against its state as the parts still in flight will leave it, and written by a task that
 waits for that partition's previous part: the next batch is fetched and planned while Kafka
-still works on this one.
+still works on this one. With exactly_once the planning waits while the member's transactions
+gather the parts queued behind a committed transaction into the next one
+(`MemberTransactions.clear_to_plan`), so that Kafka is not left idle while the stage plans.
 """
 
 from __future__ import annotations
@@ -153,6 +155,8 @@ class EmitStage:
         self._children = MetricChildren(self.policy.instances.keys())
         self.decoded = Decoded()
         """Key records decoded by earlier batches, by their stored bytes (a bounded memo)."""
+        if transactions is not None:
+            transactions.queued_behind = self._queued_behind
 
     # -- batches -------------------------------------------------------------------------
 
@@ -187,8 +191,13 @@ class EmitStage:
                     )
                 )
             in_flight = self._emitting.setdefault(tp.partition, [])
-            while len(in_flight) >= MAX_PARTS_IN_FLIGHT:
-                await in_flight[0].done
+            while True:  # no await after the last check: what it saw holds for the plan
+                if len(in_flight) >= MAX_PARTS_IN_FLIGHT:
+                    await in_flight[0].done
+                elif self.transactions is not None and not self.transactions.clear_to_plan.is_set():
+                    await self.transactions.clear_to_plan.wait()
+                else:
+                    break
             pending = [part.plan for part in in_flight]
             readable = [item for item in inputs if item.offset not in unread] if unread else inputs
             state = PendingState(self.store, pending)
@@ -283,6 +292,10 @@ class EmitStage:
             # never come: stop the worker now, as a failing stage loop does.
             await self.stop_on_failure("emit", exc)
             raise
+
+    def _queued_behind(self, partition: int) -> bool:
+        """Whether a part of `partition` waits for the one before it (in flight)."""
+        return len(self._emitting.get(partition, ())) > 1
 
     def _unreadable(self, message: Any, reason: str) -> OutRecord:
         """The dead letter of a keyed record whose headers, or whole self, cannot be read:

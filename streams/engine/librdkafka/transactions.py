@@ -8,7 +8,12 @@ each commit to the consumer's group generation: a worker whose partitions moved 
 away (frozen, partitioned) cannot commit for them any more, whatever its producer.
 
 Commits of several partitions' parts waiting at once go into one transaction (a transaction
-costs a few round trips to the coordinator whatever it carries). A failure of it:
+costs a few round trips to the coordinator whatever it carries). A partition's parts commit one
+after the other, so once a transaction committed, the next waits a few event-loop turns for
+the parts that waited behind its parts (`queued_behind`) and takes them too, and the emit
+stage plans its next batch only once that transaction has handed its records to librdkafka
+(`clear_to_plan`): every partition's next part rides in each transaction, instead of the
+partitions splitting into two groups that take turns. A failure of a transaction:
 * a retriable failure of `send_offsets_to_transaction` or `commit_transaction` (a lost answer,
   a coordinator moving): the same call again, inside the transaction still open, as
   librdkafka documents for both;
@@ -103,6 +108,10 @@ instances' topics, merged, could outlive the transaction timeout on every retry 
 stream (BENCHMARKS.md, "Issue 33: what an output partition costs": 61 s for one transaction
 over 4,000 partitions). A stream with few output partitions merges every waiting part, as
 before."""
+GATHER_TURNS = 10
+"""After a transaction committed, the most event-loop turns the next one waits for the parts
+queued behind its parts (`MemberTransactions.queued_behind`); each needs two (the part before
+it ends, then it calls `commit`)."""
 TRANSACTION_TIMEOUT_MS = 30_000
 """`transaction.timeout.ms`: how long a transaction a vanished worker left open holds the
 read_committed readers of its partitions back, when no restart under its id aborts it."""
@@ -356,6 +365,15 @@ class MemberTransactions:
         self.moved_count = 0
         """Transactions given up because the group moved on (for tests and the log)."""
         self.phases = TransactionPhases()
+        self.queued_behind: Callable[[int], bool] = lambda partition: False
+        """Whether a part of `partition` waits behind the one being committed (the emit
+        stage sets it): such parts join the next transaction (`_gather`)."""
+        self.clear_to_plan = asyncio.Event()
+        """Cleared from a transaction's commit until the next one has handed its records to
+        librdkafka, while parts queued behind it gather: the emit stage plans its next
+        batch only when it is set (the event loop runs one thing at a time; planning first
+        would hold the next transaction back and leave Kafka idle meanwhile)."""
+        self.clear_to_plan.set()
         self._uncertain = False
         """The last attempt was given up inside `commit_transaction` (stuck, or a fatal
         error): the broker may have committed it, which the next producer's initialisation
@@ -436,16 +454,42 @@ class MemberTransactions:
         return await done
 
     async def _commit_waiting(self) -> None:
-        while self._queue:
-            requests, self._queue = _within_places(self._queue, self.partitions)
-            try:
-                await self._transact(requests)
-            except BaseException as exc:
-                for request in requests:
-                    if not request.done.done():
-                        request.done.set_exception(exc)
-                if not isinstance(exc, Exception):
-                    raise
+        try:
+            while self._queue:
+                requests, self._queue = _within_places(self._queue, self.partitions)
+                try:
+                    await self._transact(requests)
+                except BaseException as exc:
+                    for request in requests:
+                        if not request.done.done():
+                            request.done.set_exception(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                await self._gather(requests)
+        finally:
+            self.clear_to_plan.set()
+
+    async def _gather(self, committed: list[_Request]) -> None:
+        """Wait (GATHER_TURNS event-loop turns at most) until a part is queued for every
+        partition of `committed` that had one waiting behind its committed part, so that
+        they all join the next transaction; the stage's planning waits meanwhile
+        (`clear_to_plan`, set again once that transaction has produced its records)."""
+        behind = {
+            request.partition
+            for request in committed
+            if request.done.done()
+            and not request.done.cancelled()
+            and request.done.exception() is None
+            and self.queued_behind(request.partition)
+        }
+        for _ in range(GATHER_TURNS):
+            behind -= {request.partition for request in self._queue}
+            if not behind:
+                break
+            self.clear_to_plan.clear()
+            await asyncio.sleep(0)
+        if not self._queue:
+            self.clear_to_plan.set()
 
     async def _transact(self, requests: list[_Request]) -> None:
         """Commit `requests` together; resolve each with its acknowledgements, or its error."""
@@ -518,6 +562,7 @@ class MemberTransactions:
                 for request in requests:
                     request.diagnose = True  # the next attempt tells a refused record
                 metrics.SEND_RETRIES.inc()
+                self.clear_to_plan.set()  # planning need not wait for a retry
                 self.progress.trouble(
                     "emit",
                     f"txn:{error.name() if error is not None else type(exc).__name__}",
@@ -544,6 +589,7 @@ class MemberTransactions:
                     "committed: not written again",
                     ", ".join(str(request.partition) for request in requests),
                 )
+                self.clear_to_plan.set()
                 return  # its rounds' reports are its acknowledgements
             self._uncertain = False
         producer = txn.producer
@@ -574,6 +620,7 @@ class MemberTransactions:
             ]
             metadata = self.group_metadata()
             produced = time.monotonic()
+            self.clear_to_plan.set()  # its records are librdkafka's: the stage plans on
             await self._in_transaction(
                 txn,
                 "send_offsets_to_transaction",
