@@ -8,6 +8,7 @@ as non-root), no pytest. `make test` installs the test tooling and says so, one 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -29,15 +30,21 @@ CLONE_FILES = (
 pytestmark = pytest.mark.skipif(MAKE is None, reason="make is not installed")
 
 
-def dry_run(target: str, clone: Path) -> list[str]:
-    """The commands `make <target>` would run in a clone where nothing is installed yet."""
+def dry_run(target: str, clone: Path, *variables: str) -> list[str]:
+    """The commands `make <target> [VAR=value...]` would run in a clone where nothing is
+    installed yet."""
     clone.mkdir(exist_ok=True)
     for name in CLONE_FILES:
         (clone / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / name, clone / name)
     env = {key: value for key, value in os.environ.items() if not key.startswith("MAKE")}
     result = subprocess.run(
-        [str(MAKE), "-n", target], cwd=clone, env=env, capture_output=True, text=True, check=False
+        [str(MAKE), "-n", target, *variables],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()
@@ -77,9 +84,37 @@ def test_the_test_tooling_is_one_target_that_make_test_uses(tmp_path: Path) -> N
     assert not missing, missing
 
 
-def test_make_test_then_runs_the_fast_suites_on_the_other_pythons(tmp_path: Path) -> None:
+def test_make_test_runs_the_other_pythons_suites_beside_the_whole_suite(tmp_path: Path) -> None:
     commands = dry_run("test", tmp_path)
-    [other] = [command for command in commands if "other_pythons.sh" in command]
-    assert other.split()[-2:] == ["3.12", "3.13"], other
-    suite = next(index for index, command in enumerate(commands) if "-m pytest" in command)
-    assert commands.index(other) > suite, commands  # after the whole suite
+    [beside] = [command for command in commands if command.startswith("dev/beside.sh ")]
+    side, *main = shlex.split(beside)[1:]
+    assert "dev/other_pythons.sh 3.12 3.13;" in side, side
+    assert "dev/fileevents-alone.sh 3.10 3.13" in side, side
+    assert main[-2:] == ["-m", "pytest"], main  # the whole suite, no test picked
+
+
+def test_make_test_with_pytest_args_runs_only_the_suite(tmp_path: Path) -> None:
+    commands = dry_run("test", tmp_path, "PYTEST_ARGS=-k nothing")
+    assert not any("beside.sh" in command for command in commands), commands
+    assert any(command.endswith("-m pytest -k nothing") for command in commands), commands
+
+
+def beside(side: str, main: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(ROOT / "dev/beside.sh"), side, "bash", "-c", main],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_beside_prints_the_side_output_after_the_main_one_and_keeps_a_failure() -> None:
+    both_pass = beside("echo side; echo side-err >&2", "echo main")
+    assert both_pass.returncode == 0, both_pass
+    lines = both_pass.stdout.splitlines()
+    assert lines.index("main") < lines.index("side") and "side-err" in lines, lines
+    # The side job's failure fails the run; the main one's wins when both fail.
+    assert beside("exit 3", "echo main").returncode == 3
+    assert beside("exit 0", "exit 2").returncode == 2
+    assert beside("exit 3", "exit 2").returncode == 2
