@@ -32,7 +32,7 @@ from support.redis_server import RedisServer
 
 from fileevents import Failure, FileEvent, FileEvents, Outcome, RedisDedupeStore, RetryPolicy
 from fileevents.deadletter import DeadLetterWriter
-from fileevents.dedupe import dedupe_id
+from fileevents.dedupe import DedupeBatcher, dedupe_id
 from fileevents.partition import PartitionState
 from fileevents.processing import EventProcessor, Job
 from fileevents.registry import Registry
@@ -299,3 +299,156 @@ def test_an_answer_read_ahead_under_another_id_is_not_used() -> None:
     outcome = asyncio.run(scenario())
     assert outcome is None, "the answer read ahead under another id was taken"  # RECORDING
     assert runs == [item.id]
+
+
+class GatedStore(SetStore):
+    """Holds each write and lookup until its gate is opened; counts the calls in flight."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes_open = asyncio.Event()
+        self.lookups_open = asyncio.Event()
+        self.lookups_open.set()
+        self.writing = asyncio.Event()
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.failing_lookups = 0
+        """How many of the next lookups fail."""
+
+    async def _gated(self, gate: asyncio.Event) -> None:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await gate.wait()
+        finally:
+            self.in_flight -= 1
+
+    async def has_many(self, event_ids: Sequence[str]) -> list[bool]:
+        await self._gated(self.lookups_open)
+        if self.failing_lookups:
+            self.failing_lookups -= 1
+            raise ConnectionError("dedupe store unreachable")
+        return await super().has_many(event_ids)
+
+    async def add_many(self, event_ids: Sequence[str], ttl: timedelta) -> None:
+        self.writing.set()
+        await self._gated(self.writes_open)
+        await super().add_many(event_ids, ttl)
+
+
+def test_lookups_go_out_while_a_write_is_in_flight_two_exchanges_at_most() -> None:
+    """A lookup asked for while the pump's exchange (a write) is in flight goes at once, in
+    a second exchange of lookups only, not after the write; a third waits for one of them."""
+    store = GatedStore()
+    written: list[list[str]] = []
+    failed: list[list[str]] = []
+
+    async def scenario() -> tuple[list[bool], list[bool], str]:
+        batcher = DedupeBatcher(
+            store,
+            timedelta(minutes=1),
+            on_written=written.append,
+            on_write_failed=lambda items, error: failed.append(items),
+        )
+        try:
+            batcher.write("w1", "item-1")
+            await asyncio.wait_for(store.writing.wait(), 5)
+            early = await asyncio.wait_for(batcher.look_up(["x", "w1"]), 5)
+            assert not written, "the write was acknowledged before its store call returned"
+            store.lookups_open.clear()  # the next lookup stays in flight with the write
+            held = batcher.look_up(["y"])
+            await eventually(lambda: store.in_flight == 2, 5, "a second exchange")
+            third = batcher.look_up(["w1"])
+            await asyncio.sleep(0.05)
+            assert store.in_flight == 2 and not third.done()
+            store.failing_lookups = 1  # a lookup that fails: its future says so
+            store.lookups_open.set()
+            with pytest.raises(ConnectionError):
+                await asyncio.wait_for(held, 5)
+            store.writes_open.set()
+            late = await asyncio.wait_for(third, 5)
+            await eventually(lambda: bool(written), 5, "the write's acknowledgement")
+            return early, late, repr(store.most_in_flight)
+        finally:
+            await batcher.close()
+
+    early, late, most = asyncio.run(scenario())
+    assert early == [False, False]
+    assert written == [["item-1"]] and not failed, "a failed lookup touched the write"
+    assert store.ids == {"w1"}
+    assert most == "2", "more than two exchanges were in flight"
+    assert late in ([True], [False])  # after the write, or beside it: either is an answer
+
+
+class SlowWrites(SetStore):
+    """Writes that take a while; every call logged in the order it is made or acknowledged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[tuple[str, str]] = []
+        self.writing = 0
+        self.beside_writes = 0
+        """Lookups made while a write was in flight."""
+
+    async def has_many(self, event_ids: Sequence[str]) -> list[bool]:
+        self.log.extend(("looked up", one) for one in event_ids)
+        self.beside_writes += self.writing > 0
+        return await super().has_many(event_ids)
+
+    async def add_many(self, event_ids: Sequence[str], ttl: timedelta) -> None:
+        self.writing += 1
+        try:
+            await asyncio.sleep(0.01)
+            await super().add_many(event_ids, ttl)
+        finally:
+            self.writing -= 1
+        self.log.extend(("written", one) for one in event_ids)
+
+
+@pytest.mark.kafka
+def test_with_lookups_beside_writes_a_key_s_lookup_still_follows_its_last_write(
+    kafka_bootstrap: str,
+) -> None:
+    """Lookups go out beside writes in flight, yet an event is looked up only after this
+    consumer's write of its key's event before it was acknowledged: a copy right behind an
+    event of its key is a duplicate, every event runs once."""
+    topic, group = unique("events"), unique("group")
+    items = [event(f"k{key:03d}.bin", seq) for seq in range(1, 5) for key in range(300)]
+    copies = [event(f"k{key:03d}.bin", 4) for key in range(0, 300, 3)]
+    store = SlowWrites()
+    runs: Counter[str] = Counter()
+    events = consumer(
+        kafka_bootstrap,
+        topic,
+        group,
+        store,
+        dedupe_legacy_window=timedelta(0),
+        max_concurrency=16,  # fetches of 500 come while the writes of the one before run
+    )
+
+    @events.on("*")
+    async def handle(item: FileEvent) -> None:
+        runs[item.id] += 1
+
+    total = len(items) + len(copies)
+
+    async def scenario() -> None:
+        await create_topics(kafka_bootstrap, (topic, 2))
+        await produce_events(kafka_bootstrap, topic, [*items, *copies])
+        task = asyncio.create_task(events.run())
+        try:
+            await eventually(lambda: task.done() or events.outcomes.total() == total, 30, "all")
+        finally:
+            events.stop()
+            await asyncio.wait_for(task, 30)
+
+    asyncio.run(scenario())
+    assert events.outcomes == {Outcome.HANDLED.value: len(items), Outcome.DUPLICATE.value: 100}
+    assert runs == {item.id: 1 for item in items}
+    assert store.beside_writes, "no lookup went out while a write was in flight"
+    at = {entry: index for index, entry in enumerate(store.log)}
+    for item in items:
+        if item.sequencer == "00000001":
+            continue
+        before = event(item.key, int(item.sequencer or "0") - 1)
+        assert at[("looked up", dedupe_id(group, item))] > at[("written", dedupe_id(group, before))]

@@ -120,9 +120,10 @@ def batching(store: AnyDedupeStore) -> DedupeStore:
 
 
 class DedupeBatcher:
-    """The consumer's traffic with a store, in batches: at most one exchange with the store
-    at a time, carrying every write and lookup asked for since the one before was sent (what
-    comes in while one is in flight goes in the next). A store with
+    """The consumer's traffic with a store, in batches: one exchange at a time carrying every
+    write and lookup asked for since the one before was sent, and beside it, while it is in
+    flight, at most one more of the lookups asked for meanwhile (a fetched batch's events
+    need not wait for the writes of the batch before). A store with
     `exchange(records, lookups, ttl)` (`RedisDedupeStore` on one Redis) gets both in one
     call, one round trip; another gets an `add_many` and a `has_many`.
 
@@ -152,6 +153,10 @@ class DedupeBatcher:
         self._lookups: list[tuple[Sequence[str], asyncio.Future[list[bool]]]] = []
         self._writes: list[tuple[str, Any]] = []
         self._pump: asyncio.Task[None] | None = None
+        self._sending = False
+        """Whether the pump's exchange is in flight."""
+        self._side: asyncio.Task[None] | None = None
+        """Lookups sent while the pump's exchange is in flight (`_run_lookups`)."""
         exchange = getattr(self.store, "exchange", None)
         self._exchange: Exchange | None = exchange() if callable(exchange) else None
 
@@ -183,10 +188,12 @@ class DedupeBatcher:
     async def close(self) -> None:
         """Stop exchanging: what is queued or in flight is dropped (neither written nor
         answered)."""
-        pump, self._pump = self._pump, None
-        if pump is not None and not pump.done():
-            pump.cancel()
-            await asyncio.wait([pump])
+        for pump in (self._pump, self._side):
+            if pump is not None and not pump.done():
+                pump.cancel()
+                await asyncio.wait([pump])
+        self._pump = self._side = None
+        self._sending = False
         for _, future in self._lookups:
             future.cancel()
         self._lookups, self._writes = [], []
@@ -197,21 +204,47 @@ class DedupeBatcher:
             self._pump = asyncio.get_running_loop().create_task(
                 self._run(), name="fileevents:dedupe"
             )
+        elif self._sending and self._lookups and self._side is None:
+            # The pump's exchange is in flight: lookups go now in a second one of their own
+            # rather than after it (`_run_lookups`).
+            self._side = asyncio.get_running_loop().create_task(
+                self._run_lookups(), name="fileevents:dedupe-lookups"
+            )
 
     async def _run(self) -> None:
         try:
             while self._lookups or self._writes:
-                await self._exchange_once()
+                self._sending = True
+                try:
+                    await self._exchange_once()
+                finally:
+                    self._sending = False
         finally:
             if self._pump is asyncio.current_task():
                 self._pump = None
 
-    def _take(self) -> tuple[list[tuple[str, Any]], list[tuple[Sequence[str], Any]]]:
-        """The writes and lookups of the next exchange: whole requests, about `max_batch`
-        ids at most (a request larger than that goes alone)."""
+    async def _run_lookups(self) -> None:
+        """Lookups alone, while the pump's exchange is in flight: a second exchange at most.
+        Safe in any order with the pump's writes: a record is looked up only once every
+        write of its key's earlier events by this consumer is acknowledged (the dispatcher
+        makes it a job then), and an event is done with only once its own write is."""
+        try:
+            while self._lookups and self._sending:
+                await self._exchange_once(lookups_only=True)
+        finally:
+            if self._side is asyncio.current_task():
+                self._side = None
+
+    def _take(
+        self, lookups_only: bool = False
+    ) -> tuple[list[tuple[str, Any]], list[tuple[Sequence[str], Any]]]:
+        """The writes (none if `lookups_only`) and lookups of the next exchange: whole
+        requests, about `max_batch` ids at most (a request larger than that goes alone)."""
         room = self._max_batch
         writes = self._writes
-        if len(writes) > room:
+        if lookups_only:
+            writes = []
+        elif len(writes) > room:
             writes, self._writes = writes[:room], writes[room:]
         else:
             self._writes = []
@@ -227,8 +260,8 @@ class DedupeBatcher:
         lookups, self._lookups = lookups[:taken], lookups[taken:]
         return writes, lookups
 
-    async def _exchange_once(self) -> None:
-        writes, lookups = self._take()
+    async def _exchange_once(self, lookups_only: bool = False) -> None:
+        writes, lookups = self._take(lookups_only)
         ids = [one for event_ids, _ in lookups for one in event_ids]
         written = [event_id for event_id, _ in writes]
         write_error: Exception | None = None
