@@ -234,6 +234,10 @@ class FileEvents:
         self._committed: dict[TopicPartition, tuple[int, str]] = {}
         self._commit_lock = asyncio.Lock()
         self._to_commit = asyncio.Event()
+        self._released = asyncio.Event()
+        """Set when a held partition may be fetched again (`_mark_done`)."""
+        self._polled_at = 0.0
+        """When (loop time) `getmany` was last called."""
         self._reset_earliest = True
 
     # -- registration -------------------------------------------------------------------
@@ -290,6 +294,7 @@ class FileEvents:
             raise RuntimeError("no handler registered: use @events.on(...) before run()")
         self._running = True
         self._to_commit = asyncio.Event()
+        self._released = asyncio.Event()
         self._commit_lock = asyncio.Lock()
         self._run_task = asyncio.current_task()
         try:
@@ -440,7 +445,6 @@ class FileEvents:
             in_flight.set(dispatcher.in_flight)
             for state in self._partitions.values():
                 if state.paused and state.backlog <= self.max_buffered // 2:
-                    consumer.resume(state.tp)
                     state.paused = False
                 self._lag(consumer, state)
             if dispatcher.full() and loop.time() - fetched_at < _HOLD_BACK_MAX_S:
@@ -450,14 +454,70 @@ class FileEvents:
                 continue
             fetched_at = loop.time()
             try:
-                batches = await consumer.getmany(
-                    timeout_ms=_FETCH_TIMEOUT_MS, max_records=_FETCH_MAX_RECORDS
-                )
+                batches = await self._fetch_open(consumer)
             except _UNREADABLE as exc:
                 await self._step_past_unreadable(consumer, exc)
                 continue
             for tp, records in batches.items():
                 self._hand_out(consumer, tp, records)
+
+    async def _fetch_open(
+        self, consumer: AIOKafkaConsumer
+    ) -> dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]:
+        """Fetched records of the partitions not held back (`PartitionState.paused`).
+
+        A partition at its `max_buffered` is held rather than paused in aiokafka: pausing
+        drops the records aiokafka already fetched for it (refetched from the broker after
+        `resume`, the consumer waiting for them), while a held partition's stay in
+        aiokafka's buffer (one fetch response at most: aiokafka asks for more of a partition
+        only once its buffer is drained) and are handed out as soon as it is released. The
+        wait for records ends early when a held partition is released meanwhile."""
+        partitions = self._partitions
+        batches: dict[TopicPartition, list[ConsumerRecord[bytes, bytes]]]
+        if not any(state.paused for state in partitions.values()):
+            self._polled_at = asyncio.get_running_loop().time()
+            batches = await consumer.getmany(
+                timeout_ms=_FETCH_TIMEOUT_MS, max_records=_FETCH_MAX_RECORDS
+            )
+            return batches
+        self._released.clear()
+        open_ = [tp for tp, state in partitions.items() if not state.paused]
+        if not open_:  # every partition held: wait for one to be released
+            loop = asyncio.get_running_loop()
+            if loop.time() - self._polled_at >= _HOLD_BACK_MAX_S:
+                # A poll, so the member stays in its group (`max_poll_interval_ms`) however
+                # slow the handlers: paused, the held partitions hand nothing out.
+                held = list(partitions)
+                try:
+                    consumer.pause(*held)
+                    batches = await consumer.getmany(timeout_ms=0, max_records=1)
+                except IllegalStateError:  # one was revoked meanwhile: the rebalance polls
+                    batches = {}
+                finally:
+                    for tp in held:
+                        with contextlib.suppress(IllegalStateError):
+                            consumer.resume(tp)
+                self._polled_at = loop.time()
+                return batches
+            with contextlib.suppress(*WAIT_TIMEOUT):
+                await asyncio.wait_for(self._released.wait(), _FETCH_TIMEOUT_MS / 1000)
+            return {}
+        self._polled_at = asyncio.get_running_loop().time()
+        released = asyncio.ensure_future(self._released.wait())
+        fetch = asyncio.ensure_future(
+            consumer.getmany(*open_, timeout_ms=_FETCH_TIMEOUT_MS, max_records=_FETCH_MAX_RECORDS)
+        )
+        try:
+            await asyncio.wait([fetch, released], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            released.cancel()
+            if not fetch.done():
+                fetch.cancel()  # waiting for records: none taken yet
+                await asyncio.wait([fetch])
+        if fetch.cancelled():
+            return {}
+        batches = fetch.result()
+        return batches
 
     def _hand_out(
         self,
@@ -474,9 +534,8 @@ class FileEvents:
                 consumer.seek(tp, records[0].offset)
             return
         dispatcher.add(owner, records)
-        if owner.backlog >= self.max_buffered and not owner.paused:
-            consumer.pause(tp)
-            owner.paused = True
+        if owner.backlog >= self.max_buffered:
+            owner.paused = True  # held: not fetched from aiokafka's buffer (`_fetch_open`)
 
     def _lag(self, consumer: AIOKafkaConsumer, state: PartitionState) -> None:
         """The partition's lag: records up to its last stable offset not done with yet."""
@@ -565,12 +624,11 @@ class FileEvents:
 
     def _mark_done(self, state: PartitionState) -> None:
         self._to_commit.set()
-        if state.paused and state.backlog <= self.max_buffered // 2 and self._consumer:
-            # At once, not at the fetch loop's next turn: aiokafka's fetcher wakes on it,
-            # where the loop may be waiting out a fetch timeout with every partition paused.
-            with contextlib.suppress(IllegalStateError):
-                self._consumer.resume(state.tp)
+        if state.paused and state.backlog <= self.max_buffered // 2:
+            # At once, not at the fetch loop's next turn: it may be waiting for records of
+            # the other partitions (`_fetch_open`).
             state.paused = False
+            self._released.set()
 
     # -- commits and rebalances ---------------------------------------------------------
 

@@ -97,7 +97,8 @@ class PartitionState:
     def __init__(self, tp: TopicPartition, done_before: set[int] | None = None) -> None:
         self.tp = tp
         self.paused = False
-        """Set by the fetch loop while it has paused fetching this partition."""
+        """Set while its backlog is at `max_buffered`: the fetch loop hands out no more of
+        it (held in aiokafka's buffer, not paused there) until half of it is retired."""
         self.stopping = asyncio.Event()
         """Set on revoke and stop: no record of it starts any more."""
         self.lanes: dict[bytes | None, deque[ConsumerRecord[bytes, bytes]] | None] = {}
