@@ -142,11 +142,17 @@ CONTRACT = "fileevents"
 sources of the build too, found where it is installed (`fileevents/src/` in the repository)."""
 
 
+REPOSITORY_CONTRACT = ROOT / "fileevents" / "src" / CONTRACT
+"""The contract's sources in the repository: where `make` finds them, whose interpreter
+(`python3.11`, not the virtualenv's) has no fileevents installed."""
+
+
 def contract_directory() -> Path | None:
-    """Where the `fileevents` package is (located, not imported), if it is installed."""
+    """Where the `fileevents` package is (located, not imported): where it is installed, else
+    the repository's copy; None without either."""
     spec = importlib.util.find_spec(CONTRACT)
     if spec is None or not spec.submodule_search_locations:
-        return None
+        return REPOSITORY_CONTRACT if REPOSITORY_CONTRACT.is_dir() else None
     return Path(next(iter(spec.submodule_search_locations)))
 
 

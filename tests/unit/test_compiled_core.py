@@ -150,3 +150,20 @@ def test_a_stale_build_runs_the_sources_and_says_why(
     assert routing == str(core / "routing.py") and s3 == str(core / "normalizers" / "s3.py")
     assert "StaleBuildWarning" in result.stderr and why in result.stderr, result.stderr
     assert "make install" in result.stderr
+
+
+def test_make_rebuilds_when_the_contract_changes() -> None:
+    # The Makefile lists the build's sources with `python3.11 streams/core/compiled.py sources`,
+    # an interpreter without fileevents installed: the contract's event module (which
+    # streams.core.event re-exports, and a build's manifest records) must be listed all the
+    # same, or a change to it leaves `make install` doing nothing and the build stale.
+    result = subprocess.run(
+        [sys.executable, "-S", "-I", str(ROOT / "streams/core/compiled.py"), "sources"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    listed = result.stdout.split()
+    assert "fileevents/src/fileevents/event.py" in listed, listed
+    assert "streams/core/event.py" in listed, listed
