@@ -65,7 +65,9 @@ def legacy_dedupe_id(group_id: str, event: Identified) -> str:
 @runtime_checkable
 class DedupeStore(Protocol):
     """What `FileEvents(dedupe=...)` needs: a set of ids whose members expire, read and
-    written many ids at a time."""
+    written many ids at a time. A consumer makes at most two calls at once, never two
+    `add_many`: a `has_many` may run while an `add_many` is in flight, so a store that is not
+    safe for concurrent calls serialises them itself."""
 
     async def has_many(self, event_ids: Sequence[str]) -> list[bool]:
         """For each id, in order: True when it was added and has not expired yet."""
