@@ -64,6 +64,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from benchmarks.harness import (
     ROOT,
@@ -178,12 +179,19 @@ def worker_input(deliveries: int) -> list[Raw]:
     return found
 
 
-def wait_until(check: Callable[[], bool], timeout_s: float, what: str, every_s: float) -> None:
+Found = TypeVar("Found")
+
+
+def wait_until(
+    check: Callable[[], Found | None], timeout_s: float, what: str, every_s: float
+) -> Found:
+    """What `check` found, once it found something (not None)."""
     deadline = time.monotonic() + timeout_s
-    while not check():
+    while (found := check()) is None:
         if time.monotonic() > deadline:
             raise SystemExit(f"{what}: not within {timeout_s:.0f} s")
         time.sleep(every_s)
+    return found
 
 
 WINDOW = (0.2, 0.8)
@@ -258,30 +266,32 @@ def worker_run(
         started = time.monotonic()
         worker.start()
 
-        def received() -> bool:
+        def received() -> bool | None:
             if worker.process is not None and worker.process.poll() is not None:
                 raise SystemExit(f"the worker exited; see {worker.log}")
             read = metric_sums(port, "storage_events_received_total")
-            return read["storage_events_received_total"] >= 1
+            return read["storage_events_received_total"] >= 1 or None
 
         wait_until(received, 600, "the first delivery read", 0.05)
-        seen = [0.0]
 
-        def emitted(count: float) -> Callable[[], bool]:
-            def check() -> bool:
-                seen[0] = metric_sums(port, "storage_events_emitted_total")[
-                    "storage_events_emitted_total"
-                ]
-                return seen[0] >= count
+        def emitted(count: float) -> Callable[[], float | None]:
+            def check() -> float | None:
+                done = metric_sums(port, "storage_events_emitted_total")
+                total = done["storage_events_emitted_total"]
+                return total if total >= count else None
 
             return check
 
         low, high = WINDOW
-        wait_until(emitted(low * kept), 1800, f"{low:.0%} of {kept:,} events emitted", 0.1)
-        first, emitted_first = time.monotonic(), seen[0]
+        emitted_first = wait_until(
+            emitted(low * kept), 1800, f"{low:.0%} of {kept:,} events emitted", 0.1
+        )
+        first = time.monotonic()
         cpu_before = tree_cpu_seconds(worker.pid)
-        wait_until(emitted(high * kept), 1800, f"{high:.0%} of {kept:,} events emitted", 0.1)
-        seconds, events = time.monotonic() - first, seen[0] - emitted_first
+        emitted_last = wait_until(
+            emitted(high * kept), 1800, f"{high:.0%} of {kept:,} events emitted", 0.1
+        )
+        seconds, events = time.monotonic() - first, emitted_last - emitted_first
         cpu_after = tree_cpu_seconds(worker.pid)
         cpu = sum(value - cpu_before.get(pid, 0.0) for pid, value in cpu_after.items())
         wait_until(emitted(kept), 1800, f"{kept:,} events emitted", 0.25)
@@ -387,7 +397,9 @@ def floor_round(bootstrap: str, topics: list[str], seconds: float, batch: int) -
         producer.produce(topic, b"warm", b"warm")
     producer.commit_transaction(900)
     warm = time.monotonic() - started
-    wait_until(lambda: producer.poll(0.1) >= 0 and "wakeups" in stats, 10, "statistics", 0.1)
+    wait_until(
+        lambda: (producer.poll(0.1) >= 0 and "wakeups" in stats) or None, 10, "statistics", 0.1
+    )
     before = dict(stats)
     value = b"x" * 600
     written = transactions = 0
@@ -401,7 +413,9 @@ def floor_round(bootstrap: str, topics: list[str], seconds: float, batch: int) -
         transactions += 1
     wall, cpu = time.monotonic() - started, time.process_time() - cpu
     seen = stats["reports"]  # statistics taken after the last commit
-    wait_until(lambda: producer.poll(0.1) >= 0 and stats["reports"] > seen + 1, 10, "stats", 0.1)
+    wait_until(
+        lambda: (producer.poll(0.1) >= 0 and stats["reports"] > seen + 1) or None, 10, "stats", 0.1
+    )
     return {
         "records/s": written / wall,
         "transactions/s": transactions / wall,
