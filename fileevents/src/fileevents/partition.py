@@ -28,11 +28,11 @@ from collections.abc import Awaitable, Callable, Iterable
 from aiokafka import TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from fileevents.processing import AWAITING_RECORD as AWAITING_RECORD
 from fileevents.processing import CLOSING, Job
+from fileevents.processing import DONE as DONE
+from fileevents.processing import INTERRUPTED as INTERRUPTED
 
-DONE, INTERRUPTED, AWAITING_RECORD = 0, 1, 2
-"""What a `Process` made of a job: done with; stopped before it was done (it must not be
-committed); done with once its dedupe record is written (`Dispatcher.recorded`)."""
 Process = Callable[[Job], Awaitable[int]]
 """Handle one job's record: `DONE`, `INTERRUPTED` or `AWAITING_RECORD`."""
 Prepare = Callable[["PartitionState", list[ConsumerRecord[bytes, bytes]]], list[Job]]
@@ -195,8 +195,9 @@ class Dispatcher:
         """Jobs that may start now: the first record not done with of their key (one per
         key), prepared (read ahead, looked up) together as they became ready."""
         self._idle: deque[asyncio.Future[None]] = deque()
-        """One future per task waiting for work: `add` wakes as many as it has records for
-        (an `asyncio.Event` would wake every task for each fetched batch)."""
+        """One future per task waiting for work, woken one at a time (`_wake_one`)."""
+        self._waking = 0
+        """Tasks woken and not running yet: while one is, no other is woken."""
         self._stopped = False
         self._ready_high = max(128, READY_PER_TASK * max_concurrency)
         self.room = asyncio.Event()
@@ -235,15 +236,25 @@ class Dispatcher:
             self._readied(self._prepare(state, fresh))
 
     def _readied(self, jobs: list[Job]) -> None:
-        """`jobs` may start: queued, and as many waiting tasks woken."""
+        """`jobs` may start: queued, and a waiting task woken."""
         self._ready.extend(jobs)
-        readied = len(jobs)
+        if not self._waking:
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        """Wake one waiting task, if any. Tasks are woken one at a time, each as the one
+        before it takes a record while more are ready (`_work`): records whose handlers do
+        not wait run one after the other in the task that is running, and a batch wakes
+        one task or two, where waking one per record made most of them find nothing to
+        do (about 2 µs per record); handlers that wait get a task each, one more per turn
+        of the event loop."""
         idle = self._idle
-        while readied and idle:
+        while idle:
             waiting = idle.popleft()
             if not waiting.done():
                 waiting.set_result(None)
-                readied -= 1
+                self._waking += 1
+                return
 
     def recorded(self, jobs: list[Job]) -> None:
         """`jobs`, left `AWAITING_RECORD`, have their dedupe records written: done with, and
@@ -323,18 +334,26 @@ class Dispatcher:
     async def _work(self) -> None:
         ready, idle = self._ready, self._idle
         loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
         while True:
             if not ready:
                 waiting: asyncio.Future[None] = loop.create_future()
                 idle.append(waiting)
-                await waiting
+                try:
+                    await waiting
+                finally:
+                    if waiting.done() and not waiting.cancelled():
+                        self._waking -= 1
                 continue
             job = ready.popleft()
+            if ready and not self._waking:
+                self._wake_one()  # for the next record, should this one's handler wait
             if len(ready) <= self._ready_high // 2 and not self.room.is_set():
                 self.room.set()
             state = job.state
             if state.stopping.is_set():
                 continue  # revoked or stopping: its records stay uncommitted
+            job.task = me
             if not state.in_flight:
                 state.idle.clear()
             state.in_flight += 1

@@ -73,6 +73,11 @@ class _Interrupted(Exception):
     """Raised inside the processor when it must stop and leave the record unfinished."""
 
 
+DONE, INTERRUPTED, AWAITING_RECORD = 0, 1, 2
+"""What `EventProcessor.run` made of a job, for the dispatcher (fileevents.partition): done
+with; stopped before it was done (it must not be committed); done with once its dedupe
+record is written (`Dispatcher.recorded`)."""
+
 RECORDING = None
 """What `EventProcessor.process` returns for an event whose handlers succeeded and whose id
 is being written to the dedupe store: it is done with once the write is acknowledged
@@ -83,7 +88,7 @@ class Job:
     """A record handed out to run, and where its dedupe lookup's answer will be, when it was
     looked up ahead (`EventProcessor.prepare`)."""
 
-    __slots__ = ("at", "lookup", "record", "seen_id", "size", "state")
+    __slots__ = ("at", "lookup", "record", "seen_id", "size", "state", "task")
 
     def __init__(self, state: PartitionState, record: ConsumerRecord[bytes, bytes]) -> None:
         self.state = state
@@ -95,6 +100,9 @@ class Job:
         self.size = 0
         self.seen_id = ""
         """The id its dedupe record is written under (`dedupe_id`)."""
+        self.task: asyncio.Task[Any] | None = None
+        """The task running it (set by the dispatcher's task that takes it): what the
+        timeout watchdog cancels, known without `asyncio.current_task()` per event."""
 
 
 class _HandlerMetrics:
@@ -188,6 +196,9 @@ class EventProcessor:
             if dedupe is None
             else DedupeBatcher(dedupe, dedupe_ttl, self._written, self._write_failed)
         )
+        self.on_outcome: Callable[[Outcome], None] = _uncounted
+        """Told what became of each job `run` ran (but those left `RECORDING`: they are
+        `on_recorded`'s)."""
         self.on_recorded: Callable[[list[Job]], None] = _unheard
         """Told the events whose ids the store now holds (those `process` left `RECORDING`):
         done with now. The dispatcher's `recorded`."""
@@ -274,7 +285,21 @@ class EventProcessor:
         except _Interrupted:
             return Outcome.INTERRUPTED
 
+    async def run(self, job: Job) -> int:
+        """`process`, for the dispatcher: the outcome told to `on_outcome` (but `RECORDING`),
+        and `DONE`, `INTERRUPTED` or `AWAITING_RECORD` returned. (One coroutine less per
+        event than awaiting `process`.)"""
+        try:
+            outcome = await self._process(job)
+        except _Interrupted:
+            outcome = Outcome.INTERRUPTED
+        if outcome is RECORDING:
+            return AWAITING_RECORD  # told `on_recorded` once written
+        self.on_outcome(outcome)
+        return INTERRUPTED if outcome is Outcome.INTERRUPTED else DONE
+
     async def _process(self, job: Job) -> Outcome | None:
+        """`process`, but `_Interrupted` raised when stopping."""
         record = job.record
         stopping = job.state.stopping
         if record.value is None and not isinstance(record, UnreadableRecord):
@@ -329,7 +354,7 @@ class EventProcessor:
 
         attempt = 1
         while True:
-            pending, failed = await self._run(pending, event, record, attempt)
+            pending, failed = await self._run(pending, event, record, attempt, job.task)
             if failed is None:
                 break
             handler, error, context = failed
@@ -407,6 +432,7 @@ class EventProcessor:
         event: FileEvent,
         record: ConsumerRecord[bytes, bytes],
         attempt: int,
+        task: asyncio.Task[Any] | None = None,
     ) -> tuple[list[Registered], tuple[Registered, BaseException, EventContext] | None]:
         """Run `pending` in order, each within its timeout; on a failure, the failing handler
         and those after it, with the context of the failed attempt. The context is built
@@ -417,9 +443,12 @@ class EventProcessor:
         test framework or a library, a `CancelledError` it did not get from us), or running
         past its timeout (`HandlerTimeout`; it is cancelled), except what stops the process
         or the task: `KeyboardInterrupt`, `SystemExit`, and the cancellation of the task
-        running it (the event then stays uncommitted)."""
+        running it (the event then stays uncommitted). `task`: the task running this
+        (default: the current one)."""
         context: EventContext | None = None
-        task = asyncio.current_task()
+        if task is None:
+            task = asyncio.current_task()
+        expired = self._expired
         for index, handler in enumerate(pending):
             if handler.wants_context and context is None:
                 context = self._context(record, attempt)
@@ -429,7 +458,9 @@ class EventProcessor:
             started = time.perf_counter()
             if seconds is not None:
                 assert task is not None
-                self._watch(task, seconds)
+                self._watched[task] = started + seconds
+                if self._watchdog is None:
+                    self._start_watchdog()
             error: BaseException | None = None
             try:
                 if context is None:
@@ -448,7 +479,7 @@ class EventProcessor:
             finally:
                 if seconds is not None:
                     self._watched.pop(task, None)  # type: ignore[arg-type]
-            if error is None and self._ran_out(task):
+            if error is None and expired and self._ran_out(task):
                 # It swallowed the watchdog's cancellation, then returned: too late.
                 error = _timed_out(handler, seconds)
             series.ran(time.perf_counter() - started, error is None)
@@ -461,23 +492,27 @@ class EventProcessor:
                 return pending[index:], (handler, error, context)
         return [], None
 
-    def _watch(self, task: asyncio.Task[Any], seconds: float) -> None:
-        """Cancel `task` if it still runs this handler in `seconds` (the watchdog's look
-        every `_watch_every`: one timer for every handler, not one per run)."""
-        loop = asyncio.get_running_loop()
-        self._watched[task] = loop.time() + seconds
-        if self._watchdog is None or self._watchdog.done():
-            self._watchdog = loop.create_task(self._watch_loop(), name="fileevents:timeouts")
+    def _start_watchdog(self) -> None:
+        """Watch `_watched` (tasks running a handler -> when it runs out, `perf_counter`
+        time): cancel each task still running its handler past that, looking every
+        `_watch_every` (one timer for every handler, not one per run), while any is."""
+        self._watchdog = asyncio.get_running_loop().create_task(
+            self._watch_loop(), name="fileevents:timeouts"
+        )
 
     async def _watch_loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._watched:
-            await asyncio.sleep(self._watch_every)
-            now = loop.time()
-            for task, deadline in list(self._watched.items()):
-                if deadline <= now and task not in self._expired:
-                    self._expired.add(task)
-                    task.cancel()
+        try:
+            while self._watched:
+                await asyncio.sleep(self._watch_every)
+                now = time.perf_counter()
+                for task, deadline in list(self._watched.items()):
+                    if deadline <= now and task not in self._expired:
+                        self._expired.add(task)
+                        task.cancel()
+        finally:
+            # Started again by the next run with a timeout (none is watched now, or this
+            # task is ending with its loop).
+            self._watchdog = None
 
     def _ran_out(self, task: asyncio.Task[Any] | None) -> bool:
         """Whether the watchdog cancelled `task`'s handler run; if so, that cancellation
@@ -555,6 +590,10 @@ class EventProcessor:
 
 
 def _unheard(jobs: list[Job]) -> None:
+    return None
+
+
+def _uncounted(outcome: Outcome) -> None:
     return None
 
 

@@ -92,6 +92,8 @@ class Registry:
         self._registered: list[Registered] = []
         self.selectors: set[str] = set()
         """The selectors handlers are registered for (`*`, `created`, `deleted`)."""
+        self._by_type: dict[str, list[Registered]] = {}
+        """Per event type, the registrations it runs, in order (`for_event`, per event)."""
 
     def add(self, selector: str, handler: Handler, timeout: timedelta | None = None) -> Registered:
         if selector not in _SELECTORS:
@@ -108,10 +110,17 @@ class Registry:
         )
         self._registered.append(registered)
         self.selectors.add(selector)
+        self._by_type = {
+            kind: [r for r in self._registered if r.selector in ("*", kind)]
+            for kind in _SELECTORS - {"*"}
+        }
         return registered
 
     def for_event(self, event: FileEvent) -> list[Registered]:
-        return [registered for registered in self._registered if registered.matches(event)]
+        """The registrations `event` runs, in order: a list the caller must not change."""
+        return self._by_type.get(event.type) or [
+            registered for registered in self._registered if registered.matches(event)
+        ]
 
     def timeouts(self) -> list[timedelta]:
         """The timeouts handlers were registered with (those that have one)."""

@@ -1,0 +1,103 @@
+"""How the dispatcher wakes its waiting tasks: one at a time, each woken as the one before it
+takes a record while more are ready. Records whose handlers never wait run one after the
+other in the task already running (a fetched batch wakes one task or two, not one per
+record); records whose handlers wait still get a task each, up to `max_concurrency`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka import TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+from fileevents.partition import DONE, Dispatcher, PartitionState
+from fileevents.processing import Job
+
+
+def record(offset: int, key: bytes) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord(
+        topic="t",
+        partition=0,
+        offset=offset,
+        timestamp=0,
+        timestamp_type=0,
+        key=key,
+        value=b"{}",
+        checksum=None,
+        serialized_key_size=len(key),
+        serialized_value_size=2,
+        headers=(),
+    )
+
+
+async def until(check: Any, what: str) -> None:
+    """Turns of the event loop until `check()` holds (at most 5 s)."""
+
+    async def wait() -> None:
+        while not check():
+            await asyncio.sleep(0)
+
+    try:
+        await asyncio.wait_for(wait(), 5)
+    except TimeoutError:
+        raise AssertionError(f"not reached: {what}") from None
+
+
+def test_a_batch_that_never_waits_runs_in_one_or_two_tasks() -> None:
+    async def scenario() -> None:
+        ran_in: list[asyncio.Task[Any] | None] = []
+
+        async def process(job: Job) -> int:
+            ran_in.append(asyncio.current_task())
+            assert job.task is asyncio.current_task()  # what the timeout watchdog cancels
+            return DONE
+
+        dispatcher = Dispatcher(process, lambda state: None, 64, lambda n: None)
+        state = PartitionState(TopicPartition("t", 0))
+        await until(lambda: len(dispatcher._idle) == 64, "every task waiting")
+        for batch in range(3):
+            ran_in.clear()
+            start = batch * 500
+            dispatcher.add(state, [record(start + i, b"k%d" % i) for i in range(500)])
+            assert len(dispatcher._idle) == 63  # one woken, not one per record
+            await until(lambda: len(ran_in) == 500, "the batch run")
+            assert 1 <= len(set(ran_in)) <= 2
+            await until(lambda: len(dispatcher._idle) == 64, "every task waiting again")
+        assert state.commit_point() == 1500
+        await dispatcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_records_that_wait_get_a_task_each_up_to_max_concurrency() -> None:
+    async def scenario() -> None:
+        release = asyncio.Event()
+        running: set[int] = set()
+        most = [0]
+
+        async def process(job: Job) -> int:
+            running.add(job.record.offset)
+            most[0] = max(most[0], len(running))
+            await release.wait()
+            running.discard(job.record.offset)
+            return DONE
+
+        dispatcher = Dispatcher(process, lambda state: None, 32, lambda n: None)
+        state = PartitionState(TopicPartition("t", 0))
+        await until(lambda: len(dispatcher._idle) == 32, "every task waiting")
+        dispatcher.add(state, [record(i, b"k%d" % i) for i in range(100)])
+        await until(lambda: len(running) == 32, "32 records running at once")
+        release.set()
+        await until(lambda: state.commit_point() == 100, "every record done")
+        assert most[0] == 32
+        # A record made ready later (the next of a key, once the one before is done) wakes
+        # a task too.
+        release.clear()
+        dispatcher.add(state, [record(100, b"again"), record(101, b"again")])
+        await until(lambda: running == {100}, "the first of the key running")
+        release.set()
+        await until(lambda: state.commit_point() == 102, "both done, in order")
+        await dispatcher.close()
+
+    asyncio.run(scenario())
