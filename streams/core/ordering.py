@@ -94,18 +94,36 @@ class Ordered(Protocol):
     def raw(self) -> Mapping[str, Any] | None: ...
 
 
-@dataclass(slots=True)  # not frozen: built per record (streams.core.records)
+@dataclass(slots=True, init=False)  # not frozen: built per record (streams.core.records)
 class Mark:
-    """What the ordering step remembers about the newest event emitted for a key."""
+    """What the ordering step remembers about the newest event emitted for a key. Built per
+    emitted event and per key record read, so its `__init__` is written out (a dataclass's
+    generated one runs interpreted even in the compiled core)."""
 
     kind: str | None
     token: tuple[Any, ...] | None
     time: float | None
     event_id: str
     type: str
-    forget_at: float | None = None
+    forget_at: float | None
     """A `deleted` key's mark only: when (worker clock, epoch seconds) it is forgotten
     (`forgotten`). Never set on a live key's mark, which is kept."""
+
+    def __init__(
+        self,
+        kind: str | None,
+        token: tuple[Any, ...] | None,
+        time: float | None,
+        event_id: str,
+        type: str,
+        forget_at: float | None = None,
+    ) -> None:
+        self.kind = kind
+        self.token = token
+        self.time = time
+        self.event_id = event_id
+        self.type = type
+        self.forget_at = forget_at
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {

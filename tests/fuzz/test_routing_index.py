@@ -121,6 +121,7 @@ def linear_fan_out(
 ) -> None:
     """streams.core.routing._fan_out before issue 33: every instance, for every event."""
     routed.events = len(events)
+    routed.filtered = Counter(routed.filtered)
     for event in events:
         for instance in settings.instances:
             if topic is not None and not topic.reaches(instance.name):
