@@ -44,6 +44,12 @@ async def until(check: Any, what: str) -> None:
         raise AssertionError(f"not reached: {what}") from None
 
 
+async def turns(count: int) -> None:
+    """`count` turns of the event loop: what could happen without waiting has happened."""
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
 def test_a_batch_that_never_waits_runs_in_one_or_two_tasks() -> None:
     async def scenario() -> None:
         ran_in: list[asyncio.Task[Any] | None] = []
@@ -98,6 +104,34 @@ def test_records_that_wait_get_a_task_each_up_to_max_concurrency() -> None:
         await until(lambda: running == {100}, "the first of the key running")
         release.set()
         await until(lambda: state.commit_point() == 102, "both done, in order")
+        await dispatcher.close()
+
+    asyncio.run(scenario())
+
+
+def test_drain_returns_once_the_records_in_flight_are_done() -> None:
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def process(job: Job) -> int:
+            await release.wait()
+            return DONE
+
+        dispatcher = Dispatcher(process, lambda state: None, 4, lambda n: None)
+        state = PartitionState(TopicPartition("t", 0))
+        await dispatcher.drain([PartitionState(TopicPartition("t", 1))])  # nothing in flight
+        dispatcher.add(state, [record(i, b"k%d" % i) for i in range(3)])
+        await until(lambda: state.in_flight == 3, "three records running")
+        first = asyncio.create_task(dispatcher.drain([state]))
+        second = asyncio.create_task(dispatcher.drain([state]))
+        await turns(20)
+        assert not first.done() and not second.done()
+        first.cancel()  # one waiter cancelled: the other still waits, then returns
+        await turns(20)
+        assert not second.done()
+        release.set()
+        await asyncio.wait_for(second, 5)
+        assert state.in_flight == 0 and first.cancelled()
         await dispatcher.close()
 
     asyncio.run(scenario())

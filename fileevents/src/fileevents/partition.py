@@ -106,8 +106,9 @@ class PartitionState:
         one, in order (None: none; most keys, so no deque is made for them)."""
         self.in_flight = 0
         """Its records running, or done running and their dedupe records being written."""
-        self.idle = asyncio.Event()
-        self.idle.set()
+        self.idle_waiter: asyncio.Future[None] | None = None
+        """While someone waits for `in_flight` to reach 0 (`until_idle`): what to resolve
+        then (`went_idle`). None the rest of the time: nothing per record."""
         self._offsets: deque[int] = deque()
         """Offsets handed out and not retired, ascending; the first is not done yet."""
         self._finished: set[int] = set()
@@ -125,6 +126,20 @@ class PartitionState:
         """Records handed out and not retired (running, waiting, or done above the first
         unfinished one): what `max_buffered` bounds."""
         return len(self._offsets)
+
+    async def until_idle(self) -> None:
+        """Return once none of its records is in flight."""
+        while self.in_flight:
+            waiter = self.idle_waiter
+            if waiter is None:
+                waiter = self.idle_waiter = asyncio.get_running_loop().create_future()
+            await asyncio.shield(waiter)  # one waiter cancelled leaves the others theirs
+
+    def went_idle(self) -> None:
+        """`in_flight` reached 0: wake whoever waits (`until_idle`)."""
+        waiter, self.idle_waiter = self.idle_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def commit_point(self) -> int | None:
         """The offset to commit: the lowest not done with, else the next one; None before
@@ -216,10 +231,15 @@ class Dispatcher:
         skipped = 0
         fresh = []
         for record in records:
-            taken = state.queue(record)
-            if taken != RUN:
-                skipped += taken == DONE_BEFORE
-                continue
+            offset = record.offset
+            if offset >= state._next_offset and not state._done_before:
+                state._next_offset = offset + 1  # `state.queue(record)`, inlined: per record
+                state._offsets.append(offset)
+            else:
+                taken = state.queue(record)
+                if taken != RUN:
+                    skipped += taken == DONE_BEFORE
+                    continue
             key = record.key
             if key not in lanes:
                 lanes[key] = None
@@ -263,8 +283,8 @@ class Dispatcher:
         for job in jobs:
             state = job.state
             state.in_flight -= 1
-            if not state.in_flight:
-                state.idle.set()
+            if not state.in_flight and state.idle_waiter is not None:
+                state.went_idle()
             following = self._advance(state, job.record)
             if following is not None and not state.stopping.is_set():
                 advanced.setdefault(state, []).append(following)
@@ -318,7 +338,7 @@ class Dispatcher:
         for state in states:
             state.stopping.set()
         for state in states:
-            await state.idle.wait()
+            await state.until_idle()
 
     async def close(self) -> None:
         """End the tasks (once every partition is drained, or to cancel what runs)."""
@@ -354,8 +374,6 @@ class Dispatcher:
             if state.stopping.is_set():
                 continue  # revoked or stopping: its records stay uncommitted
             job.task = me
-            if not state.in_flight:
-                state.idle.clear()
             state.in_flight += 1
             self.in_flight += 1
             result = INTERRUPTED
@@ -365,8 +383,8 @@ class Dispatcher:
                 self.in_flight -= 1
                 if result != AWAITING_RECORD:  # else in flight until `recorded`
                     state.in_flight -= 1
-                    if not state.in_flight:
-                        state.idle.set()
+                    if not state.in_flight and state.idle_waiter is not None:
+                        state.went_idle()
             if result != DONE:
                 continue  # interrupted: stopping, its key stays blocked; or recording
             following = self._advance(state, job.record)

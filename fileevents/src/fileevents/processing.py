@@ -109,7 +109,16 @@ class _HandlerMetrics:
     """The metric series of one handler, looked up once (`labels()` per event costs); its
     successful runs and durations counted in a `RunTally` where it can be."""
 
-    __slots__ = ("dead_lettered", "failed", "handled", "retried", "seconds", "tally", "timed_out")
+    __slots__ = (
+        "dead_lettered",
+        "failed",
+        "handled",
+        "ran",
+        "retried",
+        "seconds",
+        "tally",
+        "timed_out",
+    )
 
     def __init__(self, metrics: FileEventsMetrics, topic: str, group: str, handler: str) -> None:
         self.handled = metrics.handled.labels(topic, group, handler)
@@ -119,16 +128,16 @@ class _HandlerMetrics:
         self.dead_lettered = metrics.dead_lettered.labels(topic, group, handler)
         self.seconds = metrics.handler_seconds.labels(topic, group, handler)
         self.tally = metrics.tally(topic, group, handler)
+        self.ran: Callable[[float, bool], None] = (
+            self._observe if self.tally is None else self.tally.ran
+        )
+        """Told each run of the handler: how long (seconds), and whether it succeeded."""
 
-    def ran(self, seconds: float, succeeded: bool) -> None:
-        """One run of the handler, `seconds` long."""
-        tally = self.tally
-        if tally is None:
-            self.seconds.observe(seconds)
-            if succeeded:
-                self.handled.inc()
-            return
-        tally.ran(seconds, succeeded)
+    def _observe(self, seconds: float, succeeded: bool) -> None:
+        """`ran` where runs cannot be tallied: observed one by one."""
+        self.seconds.observe(seconds)
+        if succeeded:
+            self.handled.inc()
 
 
 CLOSING = "fileevents: run() is ending"
