@@ -425,6 +425,9 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         result = results.get(name)
         if result is None:
             continue
+        if not result["events"]:  # stopped before its first event (e.g. SIGTERM)
+            rows.append(f"| {label} | no event handled | - | - |")
+            continue
         rate = result["events"] / result["seconds"]
         ratio = f"{rate / (floor['events'] / floor['seconds']):.2f}x" if floor else "-"
         cpu = result["cpu"] / result["events"] * 1e6
