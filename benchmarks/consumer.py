@@ -500,12 +500,12 @@ def main() -> None:
                 variants: list[tuple[str, Path | None]] = [(name, None)]
                 if baseline is not None:
                     variants.insert(0, (f"{name}@{args.baseline}", baseline))
-                for label, package in variants:
+                for variant, (label, package) in enumerate(variants):
                     redis_before = pid_cpu_seconds(redis_server.process.pid) if redis_server else 0
                     results[label] = measured(
                         consumer_command(
                             args,
-                            group=f"{group}-{len(results)}",
+                            group=f"{group}-{variant}",  # a group per variant: each reads all
                             store=name,
                             handler="noop",
                             redis=redis_server.url if name == "redis" and redis_server else None,
