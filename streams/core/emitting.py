@@ -210,7 +210,7 @@ ReadsFactory = Callable[
 records kept across batches)."""
 
 
-@dataclass(slots=True)  # not frozen: built per record (streams.core.records)
+@dataclass(slots=True, init=False)  # per record: see streams.core.records.OutRecord
 class KeyedInput:
     """One record read from the repartition topic."""
 
@@ -218,8 +218,24 @@ class KeyedInput:
     partition: int
     key: bytes | None
     value: bytes
-    headers: Mapping[str, bytes | None] = field(default_factory=dict)
-    offset: int = -1
+    headers: Mapping[str, bytes | None]
+    offset: int
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        key: bytes | None,
+        value: bytes,
+        headers: Mapping[str, bytes | None] | None = None,
+        offset: int = -1,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.key = key
+        self.value = value
+        self.headers = {} if headers is None else headers
+        self.offset = offset
 
 
 class PendingState:

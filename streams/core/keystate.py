@@ -32,7 +32,8 @@ emitted last: present or deleted, its ETag and its ordering token.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -50,15 +51,27 @@ DECODED_RECORDS = 16_384
 each with their stored bytes, so 16 MiB at most."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)  # the __init__ below is compiled; a dataclass's is not
 class KeyState:
     """One key's state, decoded (`decode`) and written back once per batch (`encode`)."""
 
-    mark: Mark | None = None
-    ids: list[list[Any]] = field(default_factory=list)
+    mark: Mark | None
+    ids: list[list[Any]]
     """[id, expiry] or [id, expiry, 1] (a reconcile id), oldest first."""
-    etag: str | None = None
-    spill_until: float | None = None
+    etag: str | None
+    spill_until: float | None
+
+    def __init__(
+        self,
+        mark: Mark | None = None,
+        ids: list[list[Any]] | None = None,
+        etag: str | None = None,
+        spill_until: float | None = None,
+    ) -> None:
+        self.mark = mark
+        self.ids = [] if ids is None else ids
+        self.etag = etag
+        self.spill_until = spill_until
 
     def seen(self, event_id: str, reconcile: bool, now: float) -> bool:
         """Whether `event_id` (of reconcile's scope or not) is a live id of this key."""
@@ -206,11 +219,17 @@ class Decoded:
 
     A memo of a pure function: a stored record always decodes to the state kept for its
     bytes (`decode(encode(state)) == state` for every state the plan builds), and each caller
-    gets its own copy. Bounded: the oldest entry goes first once `size` are kept."""
+    gets its own copy. Bounded: the oldest entry goes first once `size` are kept, one for
+    one, in O(1) (`OrderedDict.popitem`). Not a dict's `next(iter(...))`: that scans the holes
+    the deletions before left at the dict's front, thousands of entries per record once the
+    memo is full (measured: a quarter of the emit stage's planning). Not in generations
+    dropped whole either: freeing thousands of states at once lets the cyclic collector's
+    allocation count fall to zero and climb again over the memo's new states, a young
+    collection of ~90,000 objects each time (measured: 5 µs per record in the worker)."""
 
     def __init__(self, size: int = DECODED_RECORDS) -> None:
         self.size = size
-        self.states: dict[bytes, KeyState] = {}
+        self.states: OrderedDict[bytes, KeyState] = OrderedDict()
 
     def decode(self, stored: bytes | None) -> KeyState:
         if stored is None:
@@ -231,5 +250,5 @@ class Decoded:
         if stored in states:
             return
         if len(states) >= self.size:
-            del states[next(iter(states))]  # the oldest
+            states.popitem(last=False)  # the oldest
         states[stored] = state

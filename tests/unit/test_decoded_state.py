@@ -155,3 +155,17 @@ def test_the_stage_s_plan_writes_one_record_per_key_with_or_without_the_memo() -
     assert len([key for key in first.writes[(KEYS, 0)] if not key.startswith(b"\x00")]) == 1
     again = plan_batch([keyed(item, "a", 0)], SETTINGS, state, NOW + 1, decoded=decoded)
     assert dict(again.outcomes) == {("a", "duplicate"): 1}
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 64])
+def test_the_memo_keeps_the_last_records_up_to_its_size(size: int) -> None:
+    """Records stream through it: never more than `size` kept, the newest ones, each read
+    back as `decode` reads it."""
+    decoded = Decoded(size)
+    records = [encode(KeyState(None, [[f"id-{n}", NOW + n]], f"e{n}")) for n in range(10 * size)]
+    for stored in records:
+        assert decoded.decode(stored) == decode(stored)
+        assert len(decoded.states) <= size
+    assert list(decoded.states) == records[-size:]
+    for stored in records[-size:]:
+        assert decoded.decode(stored) == decode(stored)
