@@ -211,3 +211,20 @@ async def run_until(
     finally:
         events.stop()
         await asyncio.wait_for(task, 30)
+
+
+def fetched(offset: int, key: bytes) -> ConsumerRecord[bytes, bytes]:
+    """A record as the fetch loop hands it to the dispatcher (topic `t`, partition 0)."""
+    return ConsumerRecord(
+        topic="t",
+        partition=0,
+        offset=offset,
+        timestamp=0,
+        timestamp_type=0,
+        key=key,
+        value=b"{}",
+        checksum=None,
+        serialized_key_size=len(key),
+        serialized_value_size=2,
+        headers=(),
+    )

@@ -8,26 +8,10 @@ from __future__ import annotations
 import asyncio
 
 from aiokafka import TopicPartition
-from aiokafka.structs import ConsumerRecord
+from consumer_support import fetched as record
 
 from fileevents.partition import DONE, READY_PER_TASK, Dispatcher, PartitionState
 from fileevents.processing import Job
-
-
-def record(offset: int, key: bytes) -> ConsumerRecord[bytes, bytes]:
-    return ConsumerRecord(
-        topic="t",
-        partition=0,
-        offset=offset,
-        timestamp=0,
-        timestamp_type=0,
-        key=key,
-        value=b"{}",
-        checksum=None,
-        serialized_key_size=len(key),
-        serialized_value_size=2,
-        headers=(),
-    )
 
 
 def test_full_once_enough_records_may_start_and_room_again_at_half() -> None:

@@ -10,26 +10,10 @@ import asyncio
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.structs import ConsumerRecord
+from consumer_support import fetched as record
 
 from fileevents.partition import DONE, Dispatcher, PartitionState
 from fileevents.processing import Job
-
-
-def record(offset: int, key: bytes) -> ConsumerRecord[bytes, bytes]:
-    return ConsumerRecord(
-        topic="t",
-        partition=0,
-        offset=offset,
-        timestamp=0,
-        timestamp_type=0,
-        key=key,
-        value=b"{}",
-        checksum=None,
-        serialized_key_size=len(key),
-        serialized_value_size=2,
-        headers=(),
-    )
 
 
 async def until(check: Any, what: str) -> None:

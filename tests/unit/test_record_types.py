@@ -8,7 +8,9 @@ import dataclasses
 
 from streams.core.emitting import KeyedInput
 from streams.core.keystate import KeyState
+from streams.core.ordering import Mark
 from streams.core.records import KeyedEvent, OutRecord, RawRecord
+from streams.core.routing import Routed
 
 
 def test_out_record_defaults_and_equality() -> None:
@@ -55,3 +57,25 @@ def test_keyed_event_by_keyword_and_position() -> None:
     assert by_keyword == KeyedEvent(*values.values())  # type: ignore[arg-type]
     assert by_keyword.etag is None
     assert KeyedEvent(**values, etag="e") != by_keyword  # type: ignore[arg-type]
+
+
+def test_mark_defaults_replace_and_equality() -> None:
+    mark = Mark("aws-sequencer", ("01",), 1.0, "s3:1", "created")
+    assert mark.forget_at is None
+    assert dataclasses.replace(mark, forget_at=5.0) == Mark(
+        kind="aws-sequencer",
+        token=("01",),
+        time=1.0,
+        event_id="s3:1",
+        type="created",
+        forget_at=5.0,
+    )
+    assert repr(mark).startswith("Mark(kind='aws-sequencer', token=('01',), time=1.0,")
+
+
+def test_routed_defaults_are_not_shared() -> None:
+    first, second = Routed(), Routed()
+    first.records.append(OutRecord("t", b"k", b"v"))
+    first.filtered[("a", "prefix")] = 1
+    assert (second.records, second.filtered, second.events) == ([], {}, 0)
+    assert Routed(dead_letter_reason="s3: bad").dead_letter_reason == "s3: bad"
