@@ -219,13 +219,11 @@ class Decoded:
 
     A memo of a pure function: a stored record always decodes to the state kept for its
     bytes (`decode(encode(state)) == state` for every state the plan builds), and each caller
-    gets its own copy. Bounded: the oldest entry goes first once `size` are kept, one for
-    one, in O(1) (`OrderedDict.popitem`). Not a dict's `next(iter(...))`: that scans the holes
-    the deletions before left at the dict's front, thousands of entries per record once the
-    memo is full (measured: a quarter of the emit stage's planning). Not in generations
-    dropped whole either: freeing thousands of states at once lets the cyclic collector's
-    allocation count fall to zero and climb again over the memo's new states, a young
-    collection of ~90,000 objects each time (measured: 5 µs per record in the worker)."""
+    gets its own copy. Bounded: once `size` are kept, the oldest entry goes, one for one, in
+    O(1) (`OrderedDict.popitem`; a plain dict's first entry is found by scanning past the
+    holes its deletions left). One for one keeps the cyclic collector's allocation count
+    flat: freeing thousands of states at once would bring back young collections over the
+    memo's states (BENCHMARKS.md, "Issue 32 item 4")."""
 
     def __init__(self, size: int = DECODED_RECORDS) -> None:
         self.size = size

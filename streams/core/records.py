@@ -451,9 +451,8 @@ def headers_dict(
     headers: Iterable[tuple[str, bytes | None]] | Mapping[str, bytes | None] | None,
 ) -> dict[str, bytes | None]:
     """Kafka headers as a dict (the last value wins for a repeated name). A consumed
-    record's list is taken first, without the Mapping check (an ABC's isinstance, ~0.3 µs);
-    built by a comprehension, whose dict of bytes the cyclic collector does not track
-    (`dict()` makes a tracked one)."""
+    record's list is taken first, without the Mapping check (an ABC's isinstance, ~0.3 µs per
+    record)."""
     if headers is None:
         return {}
     if isinstance(headers, list):
