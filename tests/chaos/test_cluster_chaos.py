@@ -1,4 +1,4 @@
-"""The chaos harness on a three-broker cluster, at CI size: 3,000 raw deliveries while the
+"""The chaos harness on a three-broker cluster, at CI size: 4,500 raw deliveries while the
 worker is SIGKILLed 3 times, the broker leading most of the stream's partitions is SIGKILLed
 and restarted twice, and the emit producer's transaction coordinator twice, in turn
 (replication factor 3, min.insync.replicas 2); nothing lost, nothing duplicated, per-key order
@@ -12,11 +12,13 @@ from support.chaos_harness import Harness
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
-# 3,000 deliveries at 15/s: a production window of ~200 s, long enough for four broker kills,
-# each with its failover, its restart and its catching up, under load (benchmarks/CHAOS.md).
+# 4,500 deliveries at 15/s: a production window of ~300 s, long enough for four broker kills,
+# each with its failover, its restart and its catching up, under CI's load (the other Pythons'
+# suites run beside this one), where a kill takes 50-60 s and the next one waits for it: a
+# 200 s window ended during the fourth (benchmarks/CHAOS.md).
 ARGS = [
     "--deliveries",
-    "3000",
+    "4500",
     "--kills",
     "3",
     "--rate",
