@@ -294,6 +294,7 @@ def _tail(
         BrokerWatch,
         NoBroker,
         TopicRefused,
+        close_within,
         partitions_of,
         read_record,
         reader_config,
@@ -375,7 +376,7 @@ def _tail(
     except KafkaException as exc:  # e.g. the end offsets not answered in time: one line
         raise UsageError(f"Kafka at {kafka.bootstrap_servers}: {exc.args[0].str()}") from None
     finally:
-        consumer.close()
+        close_within(consumer)
     return 0 if count is None or printed >= count else 1
 
 

@@ -19,7 +19,10 @@ logger is left as it is for whatever else runs in the process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, cast
@@ -37,6 +40,8 @@ CALL_TIMEOUT_S = 10.0
 START_POLL_S = 0.5
 """How long one metadata request at start may wait before the command looks whether
 librdkafka found every broker down (then it says so, instead of waiting CALL_TIMEOUT_S)."""
+CLOSE_WITHIN_S = 5.0
+"""How long a stopping command waits for its consumer's close (`close_within`)."""
 READER_GROUP = "storage-events-reader"
 """The `group.id` of the commands' consumers. confluent-kafka wants one, and librdkafka looks
 its coordinator up; the consumers are assigned partitions from explicit offsets and never join
@@ -111,6 +116,33 @@ def reader_config(kafka: KafkaSettings, client_id: str, watch: BrokerWatch) -> d
         "error_cb": watch,
         "logger": silent_log(),  # never raw on stderr; the command says what went wrong
     }
+
+
+def close_within(consumer: Consumer, timeout_s: float = CLOSE_WITHIN_S) -> bool:
+    """Close `consumer`, waiting at most `timeout_s`; False (said on stderr) when the close
+    had not returned by then.
+
+    The commands' consumers commit nothing and join no group, so a close that does not
+    return (librdkafka#4884: one left waiting on its group's state) loses nothing: the command
+    stops without it rather than hang after Ctrl-C. The close goes on in a daemon thread,
+    which the process's exit ends; what it raises is dropped (the command is stopping)."""
+
+    def close() -> None:
+        with contextlib.suppress(Exception):  # e.g. already closed: nothing left to do
+            consumer.close()
+
+    closing = threading.Thread(target=close, name="consumer-close", daemon=True)
+    closing.start()
+    closing.join(timeout_s)
+    if closing.is_alive():
+        print(
+            f"# the consumer did not close within {timeout_s:g} s: stopping without it "
+            "(it commits nothing)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    return True
 
 
 def partitions_of(

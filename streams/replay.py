@@ -271,6 +271,7 @@ def replay_dead_letters(
         BrokerWatch,
         NoBroker,
         TopicRefused,
+        close_within,
         partitions_of,
         reader_config,
         refused_read,
@@ -317,7 +318,7 @@ def replay_dead_letters(
             republisher.stop(FLUSH_ON_STOP_S)
         raise Interrupted(selection.summary.line(from_topic, dry_run)) from None
     finally:
-        consumer.close()
+        close_within(consumer)
     return selection.summary
 
 
