@@ -26,7 +26,8 @@ kept, the others counted `no-instance`). Per size, on a raw topic of its own fil
 worker starts: `create-topics`, the worker's start-up (its ready line's "started in"), events/s
 while its emitted count goes from 20% to 80% of what it keeps (`WINDOW`: the steady state; its
 `/metrics`, aggregated by `STREAMS_INSTANCE_METRICS_LIMIT=0` so that the page polled is the
-same size), the worker's CPU (both processes) per event over that time, and the emit stage's
+same size), the worker's CPU (both processes) and the broker's (its JVM: on a machine that
+hosts both, they share the cores) per event over that time, and the emit stage's
 batches and seconds in its transactional calls over the run (producing,
 `send_offsets_to_transaction`, `commit_transaction`): with many instances, each transaction
 pays Kafka's cost per output partition (a ProduceRequest, a commit marker), so the ratio grows
@@ -75,7 +76,7 @@ from benchmarks.harness import (
     metric_sums,
     private_broker_env,
 )
-from benchmarks.pipeline import Raw, fill, tree_cpu_seconds
+from benchmarks.pipeline import Raw, cpu_seconds, fill, tree_cpu_seconds
 from streams import core
 from streams.config import Settings, load_settings
 from streams.core.records import RawRecord
@@ -229,10 +230,12 @@ def worker_run(
     records: list[Raw],
     workdir: Path,
     stream_lines: tuple[str, ...] = (),
-) -> tuple[float, float, float, float, tuple[float, dict[str, float]]]:
-    """(create-topics s, start-up s, events/s and the worker's CPU µs per event within WINDOW,
-    the emit stage's batches and transactional seconds over the run) of a worker of
-    `instances` instances on a raw topic of its own, filled with `records` before it starts."""
+    broker_pid: int | None = None,
+) -> tuple[float, float, float, float, float, tuple[float, dict[str, float]]]:
+    """(create-topics s, start-up s, events/s, the worker's and the broker's (`broker_pid`;
+    NaN without it) CPU µs per event within WINDOW, the emit stage's batches and transactional
+    seconds over the run) of a worker of `instances` instances on a raw topic of its own,
+    filled with `records` before it starts."""
     app_id = f"tenants-{instances}-{uuid.uuid4().hex[:6]}"
     raw_topic = f"{app_id}.raw"
     config = workdir / f"{app_id}.toml"
@@ -288,11 +291,15 @@ def worker_run(
         )
         first = time.monotonic()
         cpu_before = tree_cpu_seconds(worker.pid)
+        broker_before = cpu_seconds(broker_pid) if broker_pid is not None else float("nan")
         emitted_last = wait_until(
             emitted(high * kept), 1800, f"{high:.0%} of {kept:,} events emitted", 0.1
         )
         seconds, events = time.monotonic() - first, emitted_last - emitted_first
         cpu_after = tree_cpu_seconds(worker.pid)
+        broker_cpu = (
+            cpu_seconds(broker_pid) - broker_before if broker_pid is not None else float("nan")
+        )
         cpu = sum(value - cpu_before.get(pid, 0.0) for pid, value in cpu_after.items())
         wait_until(emitted(kept), 1800, f"{kept:,} events emitted", 0.25)
         emit = emit_breakdown(port)
@@ -301,7 +308,8 @@ def worker_run(
         said = re.search(r"started in (\d+(?:\.\d+)?) s", worker.log.read_text(errors="replace"))
         if said is not None:  # the worker's own ready line (its start to ready)
             ready = float(said.group(1))
-        return created, ready, events / seconds, cpu / events * 1e6, emit
+        per_event = 1e6 / events
+        return created, ready, events / seconds, cpu * per_event, broker_cpu * per_event, emit
     finally:
         worker.stop()
 
@@ -324,20 +332,20 @@ def worker_section(
         )
         print(
             "| instances | create-topics | start-up (ready line) | events/s "
-            "| worker CPU per event | emit batches | emit s producing / sending offsets / "
-            "committing |"
+            "| worker CPU per event | broker CPU per event | emit batches "
+            "| emit s producing / sending offsets / committing |"
         )
-        print("|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|")
         rates: dict[int, list[float]] = {size: [] for size in sizes}
         for size in [size for _ in range(rounds) for size in sizes]:
-            created, ready, rate, cpu, (batches, phases) = worker_run(
-                broker.bootstrap, size, records, workdir, stream_lines
+            created, ready, rate, cpu, broker_cpu, (batches, phases) = worker_run(
+                broker.bootstrap, size, records, workdir, stream_lines, broker.pid()
             )
             rates[size].append(rate)
             spent = " / ".join(f"{phases[phase]:.1f}" for phase in EMIT_PHASES)
             print(
                 f"| {size:>9,} | {created:11.1f} s | {ready:19.1f} s | {rate:8,.0f} | "
-                f"{cpu:19.0f} µs | {batches:12,.0f} | {spent} |",
+                f"{cpu:19.0f} µs | {broker_cpu:19.0f} µs | {batches:12,.0f} | {spent} |",
                 flush=True,
             )
         if len(sizes) > 1:

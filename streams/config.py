@@ -69,6 +69,8 @@ TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 DEFAULT_DEDUPE_TTL_S = 24 * 3600.0
+MAX_BATCH_SIZE = 100_000
+"""The most records a stage reads and handles at once (`batch_size`, `emit_batch_size`)."""
 RECONCILED_BY_DEFAULT = ("supabase",)
 """Sources whose instances get a scheduled reconcile unless `reconcile_schedule = false`:
 Supabase sends each Database Webhook once, so a missed one is found only by a listing."""
@@ -408,7 +410,13 @@ class StreamConfig(_Strict):
     """The consumer group protocol of the `librdkafka` engine (env STREAMS_GROUP_PROTOCOL):
     `consumer` (KIP-848, Kafka 4.x), or `classic` with the cooperative-sticky assignor for
     older clusters. Either way a membership change moves only the partitions that change."""
-    batch_size: int = Field(default=2000, ge=1, le=100_000)
+    batch_size: int = Field(default=2000, ge=1, le=MAX_BATCH_SIZE)
+    emit_batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE)
+    """The records the emit stage reads and commits at once; unset: `batch_size`. An emit
+    transaction costs Kafka a produce request and a commit marker per partition it writes to,
+    so with thousands of instances it must carry many records per partition: 100,000 for
+    1,000 instances of one partition each, at a cost in memory (docs/settings.md, "Thousands
+    of instances")."""
     max_events_per_delivery: dict[str, int] = Field(default_factory=dict)
     """`{source = N}`: the most events one delivery of `source` may hold, instead of what its
     provider sends at most (streams.core.normalizers.MAX_EVENTS_PER_DELIVERY). A delivery

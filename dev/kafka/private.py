@@ -87,6 +87,14 @@ class PrivateBroker:
     def stop(self) -> None:
         self.run("stop")
 
+    def pid(self) -> int | None:
+        """Its JVM's process id while it runs (benchmarks read its CPU time)."""
+        try:
+            pid = int((self.directory / "broker.pid").read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if _alive(pid) else None
+
     def kill(self) -> None:
         """SIGKILL it, as a crash would end it (no controlled shutdown), and wait until it is
         gone."""
