@@ -532,6 +532,11 @@ class StreamConfig(_Strict):
                 raise ValueError(f"{source}: {bound} is not a positive number of events")
         return value
 
+    @property
+    def emit_batch(self) -> int:
+        """The emit stage's batch bound: `emit_batch_size`, else `batch_size`."""
+        return self.emit_batch_size or self.batch_size
+
     def events_bound(self, source: str) -> int:
         """The most events one delivery of `source` may hold (setting, else the provider's)."""
         from streams.core.normalizers import MAX_EVENTS_PER_DELIVERY

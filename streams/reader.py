@@ -123,9 +123,11 @@ def close_within(consumer: Consumer, timeout_s: float = CLOSE_WITHIN_S) -> bool:
     had not returned by then.
 
     The commands' consumers commit nothing and join no group, so a close that does not
-    return (librdkafka#4884: one left waiting on its group's state) loses nothing: the command
-    stops without it rather than hang after Ctrl-C. The close goes on in a daemon thread,
-    which the process's exit ends; what it raises is dropped (the command is stopping)."""
+    return loses nothing: the command stops without it rather than hang after Ctrl-C. (Closes
+    that never return are known in librdkafka, e.g. librdkafka#4884; a `tail` in CI once
+    outlived 30 s after Ctrl-C, where it was stopped is not known.) The close goes on in a
+    daemon thread, which the process's exit ends; what it raises is dropped (the command is
+    stopping)."""
 
     def close() -> None:
         with contextlib.suppress(Exception):  # e.g. already closed: nothing left to do

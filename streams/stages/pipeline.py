@@ -161,7 +161,7 @@ class Pipeline:
             [stream.repartition_topic],
             self.emitter.handle,
             commits_offsets=transactions is None,
-            max_records=stream.emit_batch_size or stream.batch_size,
+            max_records=stream.emit_batch,
             within_ms=within_ms,
             on_assigned=self.emitter.restore,
             release=self.emitter.release,

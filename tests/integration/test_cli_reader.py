@@ -80,7 +80,7 @@ class Running:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "streams", *args],
             cwd=ROOT,
-            # SIGABRT (`stacks`) makes it print every thread's stack on stderr.
+            # SIGABRT (`exit_code`) makes it print every thread's stack on stderr.
             env=environ(bootstrap, PYTHONFAULTHANDLER="1"),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

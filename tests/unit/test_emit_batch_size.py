@@ -17,15 +17,17 @@ def stream(tmp_path: Path, lines: str = "") -> StreamConfig:
     return load_settings(path, {}).stream
 
 
-def test_unset_it_is_none_and_the_emit_stage_takes_batch_size(tmp_path: Path) -> None:
+def test_unset_the_emit_stage_takes_batch_size(tmp_path: Path) -> None:
     unset = stream(tmp_path, "batch_size = 500")
     assert unset.emit_batch_size is None
-    assert (unset.emit_batch_size or unset.batch_size) == 500  # streams.stages.pipeline
+    assert unset.emit_batch == 500  # the emit stage's max_records (streams.stages.pipeline)
+    assert stream(tmp_path).emit_batch == 2000
 
 
 def test_set_it_is_exactly_what_it_says(tmp_path: Path) -> None:
-    assert stream(tmp_path, f"emit_batch_size = {MAX_BATCH_SIZE}").emit_batch_size == 100_000
-    assert stream(tmp_path, "emit_batch_size = 3000\nbatch_size = 9000").emit_batch_size == 3000
+    assert stream(tmp_path, f"emit_batch_size = {MAX_BATCH_SIZE}").emit_batch == 100_000
+    both = stream(tmp_path, "emit_batch_size = 3000\nbatch_size = 9000")
+    assert (both.emit_batch, both.batch_size) == (3000, 9000)
 
 
 @pytest.mark.parametrize("value", ["0", "100001", '"many"'])
