@@ -7,8 +7,9 @@ end of partition reported (`enable.partition.eof`): with that isolation a partit
 its last stable offset, past the commit marker of its last transaction, which no record
 carries (streams.engine.store reads its changelogs to their end the same way). The calls
 block; the commands are plain synchronous code, each call bounded: a wait for records at most
-half a second, a metadata request half a second at a time, ListOffsets CALL_TIMEOUT_S (once,
-at start), so that Ctrl-C stops them within that.
+half a second (`tail` and `dead-letters` instead sleep between non-blocking reads:
+streams.cli.TAIL_WAIT_S), a metadata request half a second at a time, ListOffsets
+CALL_TIMEOUT_S (once, at start), so that Ctrl-C stops them within that.
 
 What the commands say about Kafka comes from here, in one line each: no broker answering at
 start (`NoBroker`, from librdkafka's "all brokers down"), a topic the principal may not read
