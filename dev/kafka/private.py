@@ -98,13 +98,14 @@ class PrivateBroker:
     def kill(self) -> None:
         """SIGKILL it, as a crash would end it (no controlled shutdown), and wait until it is
         gone."""
-        pid_file = self.directory / "broker.pid"
-        pid = int(pid_file.read_text().strip())
+        pid = self.pid()
+        if pid is None:
+            raise RuntimeError(f"the broker in {self.directory} is not running")
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        pid_file.unlink(missing_ok=True)
+        (self.directory / "broker.pid").unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:
